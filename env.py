@@ -1,0 +1,1069 @@
+"""env.py — the terminals termrl's agents live in.
+
+Tasks (Terminal-Bench 1.0 and 2 folders, plus a generated family of very easy tasks), one Docker
+container per episode with a persistent bash session, hidden tests copied in only after the
+episode, rewards, a warm pool of pre-started containers, and cleanup of every container we start.
+
+    python env.py validate tasks/ [--k 3] [--json out.json]   # curation: oracle passes, no-op fails
+    python env.py shell tasks/<name>                          # a human shell in a task's container
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import select
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+BASE_IMAGE = "termrl-base:bookworm"
+LABEL = "termrl"  # every container and image we create carries this label
+# A root shell working on its own files needs these; everything else (mount, ptrace, raw net...) stays dropped.
+CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID", "NET_BIND_SERVICE"]
+DEFAULT_MEMORY_MB, DEFAULT_CPUS, DEFAULT_PIDS = 2048, 1.0, 512
+OUTPUT_CAP = 16384          # bytes of command output the agent sees (half head, half tail)
+FLOOD_LIMIT = 32 << 20      # a command that streams more than this is killed like a timed-out one
+FILE_SIZE_LIMIT = 1 << 30   # RLIMIT_FSIZE in containers: one runaway `yes > f` cannot fill the host disk
+SESSION_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "DEBIAN_FRONTEND": "noninteractive", "TERM": "dumb"}
+
+
+class TaskError(ValueError):
+    """A malformed task directory; the message names the file and what is wrong."""
+
+
+class InfraError(RuntimeError):
+    """Docker daemon / image build / container start / test harness failure (not the agent's fault)."""
+
+
+# --- Tasks ---------------------------------------------------------------------------------------
+
+@dataclass
+class Task:
+    name: str
+    instruction: str
+    layout: str                       # "tb1" | "tb2" | "generated"
+    path: Path | None = None
+    image: str | None = None          # use this image as is ...
+    dockerfile: Path | None = None    # ... or build this Dockerfile
+    build_context: Path | None = None
+    setup: str | None = None          # shell run before the agent starts (generated tasks)
+    tests: dict = field(default_factory=dict)   # path relative to /tests -> bytes
+    test_command: str = "bash /tests/run-tests.sh"
+    solution: str = ""
+    workdir: str = "/app"
+    agent_timeout_s: float = 360.0
+    test_timeout_s: float = 60.0
+    build_timeout_s: float = 600.0
+    memory_mb: int = DEFAULT_MEMORY_MB
+    cpus: float = DEFAULT_CPUS
+    pids: int = DEFAULT_PIDS
+    allow_internet: bool = False
+    metadata: dict = field(default_factory=dict)
+
+
+def _need(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise TaskError(f"{path}: missing ({what})")
+    return path
+
+
+def _read_tests(tests_dir: Path) -> dict:
+    _need(tests_dir, "the tests/ directory with the hidden tests")
+    files = {str(p.relative_to(tests_dir)): p.read_bytes() for p in sorted(tests_dir.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts}
+    if not files:
+        raise TaskError(f"{tests_dir}: empty (the hidden tests go here)")
+    return files
+
+
+def _dockerfile_workdir(dockerfile: Path, default: str = "/app") -> str:
+    """The last absolute WORKDIR of the Dockerfile: TB tasks put the agent where the image does."""
+    found = re.findall(r"^\s*WORKDIR\s+(\S+)\s*$", dockerfile.read_text(errors="replace"), re.M | re.I)
+    return found[-1] if found and found[-1].startswith("/") and "$" not in found[-1] else default
+
+
+def _number(value, where: str, cast=float):
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise TaskError(f"{where}: expected a number, got {value!r}") from None
+
+
+def _memory_mb(env: dict, where: str) -> int:
+    if "memory_mb" in env:
+        return _number(env["memory_mb"], f"{where} [environment] memory_mb", int)
+    if "memory" in env:  # Harbor also writes memory = "2G" / "512M"
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)[bB]?\s*", str(env["memory"]))
+        if not m:
+            raise TaskError(f"{where} [environment] memory: cannot parse {env['memory']!r} (use e.g. 2G)")
+        scale = {"k": 1 / 1024, "m": 1, "g": 1024, "": 1 / (1 << 20)}[m.group(2).lower()]
+        return max(1, int(float(m.group(1)) * scale))
+    return DEFAULT_MEMORY_MB
+
+
+def _load_tb1(d: Path) -> Task:
+    f = d / "task.yaml"
+    try:
+        meta = yaml.safe_load(f.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise TaskError(f"{f}: invalid YAML: {e}") from None
+    if not isinstance(meta, dict):
+        raise TaskError(f"{f}: expected a mapping with an 'instruction' key")
+    instruction = meta.get("instruction")
+    if not instruction and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
+        instruction = meta["descriptions"][0].get("description")  # older TB1 tasks
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise TaskError(f"{f}: missing 'instruction' (the task text the agent sees)")
+    dockerfile = _need(d / "Dockerfile", "the task image's Dockerfile")
+    tests = _read_tests(d / "tests")
+    tests["run-tests.sh"] = _need(d / "run-tests.sh", "the script that runs the tests").read_bytes()
+    if (d / "solution.sh").exists():
+        solution = (d / "solution.sh").read_text()
+    elif (d / "solution.yaml").exists():
+        steps = yaml.safe_load((d / "solution.yaml").read_text()) or []
+        solution = "\n".join(s["command"] if isinstance(s, dict) else str(s) for s in steps)
+    else:
+        raise TaskError(f"{d / 'solution.sh'}: missing (the oracle solution)")
+    return Task(
+        name=d.name, instruction=instruction.strip(), layout="tb1", path=d, dockerfile=dockerfile,
+        build_context=d, tests=tests, test_command="bash /tests/run-tests.sh", solution=solution,
+        workdir=_dockerfile_workdir(dockerfile),
+        agent_timeout_s=_number(meta.get("max_agent_timeout_sec", 360), f"{f} max_agent_timeout_sec"),
+        test_timeout_s=_number(meta.get("max_test_timeout_sec", 60), f"{f} max_test_timeout_sec"),
+        memory_mb=_number(meta.get("memory_mb", DEFAULT_MEMORY_MB), f"{f} memory_mb", int),
+        cpus=_number(meta.get("cpus", DEFAULT_CPUS), f"{f} cpus"),
+        pids=_number(meta.get("pids", DEFAULT_PIDS), f"{f} pids", int),
+        allow_internet=bool(meta.get("allow_internet", False)), metadata=meta)
+
+
+def _load_tb2(d: Path) -> Task:
+    f = d / "task.toml"
+    try:
+        meta = tomllib.loads(f.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(f"{f}: invalid TOML: {e}") from None
+    instruction = _need(d / "instruction.md", "the task text the agent sees").read_text()
+    if not instruction.strip():
+        raise TaskError(f"{d / 'instruction.md'}: empty (the task text the agent sees)")
+    sections = {k: meta.get(k, {}) for k in ("verifier", "agent", "environment")}
+    for k, v in sections.items():
+        if not isinstance(v, dict):
+            raise TaskError(f"{f}: [{k}] must be a table")
+    env = sections["environment"]
+    image = env.get("docker_image")  # a prebuilt image instead of environment/Dockerfile
+    dockerfile = None if image else _need(d / "environment" / "Dockerfile", "the task image's Dockerfile")
+    _need(d / "tests" / "test.sh", "the script that runs the tests and writes /logs/verifier/reward.txt")
+    tests = _read_tests(d / "tests")
+    solution = _need(d / "solution" / "solve.sh", "the oracle solution").read_text()
+    return Task(
+        name=d.name, instruction=instruction.strip(), layout="tb2", path=d, image=image, dockerfile=dockerfile,
+        build_context=d / "environment", tests=tests, test_command="bash /tests/test.sh", solution=solution,
+        workdir=env.get("workdir") or (_dockerfile_workdir(dockerfile) if dockerfile else "/app"),
+        agent_timeout_s=_number(sections["agent"].get("timeout_sec", 600), f"{f} [agent] timeout_sec"),
+        test_timeout_s=_number(sections["verifier"].get("timeout_sec", 600), f"{f} [verifier] timeout_sec"),
+        build_timeout_s=_number(env.get("build_timeout_sec", 600), f"{f} [environment] build_timeout_sec"),
+        memory_mb=_memory_mb(env, str(f)), cpus=_number(env.get("cpus", DEFAULT_CPUS), f"{f} [environment] cpus"),
+        pids=_number(env.get("pids", DEFAULT_PIDS), f"{f} [environment] pids", int),
+        allow_internet=bool(env.get("allow_internet", False)), metadata=meta)
+
+
+def load_task(path) -> Task:
+    """Load one Terminal-Bench 1.0 (task.yaml) or 2 / Harbor (task.toml) task directory."""
+    d = Path(path)
+    if not d.is_dir():
+        raise TaskError(f"{d}: not a directory (expected a task folder with task.yaml or task.toml)")
+    if (d / "task.toml").exists():
+        return _load_tb2(d)
+    if (d / "task.yaml").exists():
+        return _load_tb1(d)
+    raise TaskError(f"{d}: neither task.yaml (Terminal-Bench 1.0) nor task.toml (Terminal-Bench 2) found")
+
+
+def _looks_like_task(d: Path) -> bool:
+    return any((d / n).exists() for n in ("task.yaml", "task.toml", "instruction.md", "solution.sh",
+                                          "run-tests.sh", "tests", "solution"))
+
+
+def task_dirs(spec) -> list[Path]:
+    """Task folders named by spec: a task dir, a dir of task dirs, or a list file (JSON or lines)."""
+    p = Path(spec)
+    if p.is_file():
+        text = p.read_text()
+        try:
+            items = json.loads(text)["tasks"] if text.lstrip().startswith("{") else None
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise TaskError(f"{p}: expected JSON of the form {{\"tasks\": [\"path\", ...]}}") from None
+        if items is None:
+            items = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        return [(p.parent / i) if not Path(i).is_absolute() else Path(i) for i in items]
+    if not p.is_dir():
+        raise TaskError(f"{p}: no such task directory or task-list file")
+    if (p / "task.yaml").exists() or (p / "task.toml").exists():
+        return [p]
+    return [d for d in sorted(p.iterdir()) if d.is_dir() and _looks_like_task(d)]
+
+
+def load_tasks(spec) -> list[Task]:
+    """All tasks named by spec (see task_dirs); raises TaskError on the first malformed one."""
+    return [load_task(d) for d in task_dirs(spec)]
+
+
+# --- The generated family of very easy tasks (for the tiny CPU demo) -----------------------------
+
+# The held-out split draws names and words from disjoint lists and uses other counts.
+_EASY_WORDS = {
+    "train": ["apple", "river", "stone", "cloud", "green", "tiger", "lemon", "piano", "sugar", "happy",
+              "orange", "silver", "window", "garden", "rocket", "pencil", "yellow", "castle"],
+    "heldout": ["mango", "ocean", "ember", "frost", "violet", "zebra", "cherry", "violin", "honey", "brave",
+                "purple", "golden", "mirror", "forest", "planet", "marker", "indigo", "palace"],
+}
+_EASY_NAMES = {
+    "train": ["notes", "data", "log", "items", "list", "report", "todo", "words", "draft", "info"],
+    "heldout": ["memo", "record", "inventory", "summary", "journal", "ledger", "digest", "roster"],
+}
+_EASY_COUNTS = {"train": (2, 9), "heldout": (10, 16)}
+EASY_KINDS = ["create", "count", "copy", "rename", "append", "mkdir", "delete"]
+
+
+def _easy_one(kind: str, rng: random.Random, split: str) -> tuple[str, str, str, list[tuple[str, str]]]:
+    """(instruction, setup, solution, [(check name, bash condition)]) for one easy task."""
+    words, names = _EASY_WORDS[split], _EASY_NAMES[split]
+    f, g = (f"/app/{n}.txt" for n in rng.sample(names, 2))
+    w1, w2 = rng.sample(words, 2)
+    lines = [rng.choice(words) for _ in range(rng.randint(*_EASY_COUNTS[split]))]
+    body = "\n".join(lines)
+    make_f = f"printf '%s\\n' {' '.join(lines)} > {f}"
+    if kind == "create":
+        return (f"Create the file {f} containing the line: {w1} {w2}", "", f"echo '{w1} {w2}' > {f}",
+                [("content", f'[ "$(cat {f})" = "{w1} {w2}" ]')])
+    if kind == "count":
+        return (f"Count the lines in {f} and write the number to {g}", make_f, f"wc -l < {f} > {g}",
+                [("number", f'[ "$(tr -d "[:space:]" < {g})" = "{len(lines)}" ]'),
+                 ("source_kept", f"[ -f {f} ]")])
+    if kind == "copy":
+        return (f"Copy {f} to {g}", make_f, f"cp {f} {g}",
+                [("copied", f"cmp -s {g} - <<'EOF'\n{body}\nEOF"), ("source_kept", f"[ -f {f} ]")])
+    if kind == "rename":
+        return (f"Rename {f} to {g}", make_f, f"mv {f} {g}",
+                [("renamed", f"cmp -s {g} - <<'EOF'\n{body}\nEOF"), ("source_gone", f"[ ! -e {f} ]")])
+    if kind == "append":
+        return (f"Append the line {w1} to the end of {f}", make_f, f"echo {w1} >> {f}",
+                [("appended", f"cmp -s {f} - <<'EOF'\n{body}\n{w1}\nEOF")])
+    if kind == "mkdir":
+        return (f"Create the directory /app/{w1}/{w2}", "", f"mkdir -p /app/{w1}/{w2}",
+                [("directory", f"[ -d /app/{w1}/{w2} ]")])
+    if kind == "delete":
+        return (f"Delete the file {f}", f"{make_f}; echo {w1} > {g}", f"rm {f}",
+                [("deleted", f"[ ! -e {f} ]"), ("other_kept", f"[ -f {g} ]")])
+    raise ValueError(f"unknown easy task kind {kind!r}; choose from {EASY_KINDS}")
+
+
+def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None) -> list[Task]:
+    """n procedurally generated very easy tasks (kinds cycled, parameters drawn from seed)."""
+    if split not in _EASY_WORDS:
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    kinds = list(kinds or EASY_KINDS)
+    rng = random.Random(f"termrl-easy:{seed}:{split}")
+    tasks = []
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        instruction, setup, solution, checks = _easy_one(kind, rng, split)
+        test = "".join(f"if {cond}\nthen echo 'PASSED {name}'\nelse echo 'FAILED {name}'; fail=1\nfi\n"
+                       for name, cond in checks)
+        tests = {"test.sh": f"#!/bin/bash\nfail=0\n{test}exit $fail\n".encode()}
+        tasks.append(Task(
+            name=f"easy-{split}-{seed}-{i:04d}-{kind}", instruction=instruction, layout="generated",
+            image=BASE_IMAGE, setup=f"mkdir -p /app\n{setup}".strip(), tests=tests,
+            test_command="bash /tests/test.sh", solution=solution + "\n", workdir="/app",
+            agent_timeout_s=120, test_timeout_s=30, memory_mb=256, cpus=1.0, pids=128,
+            metadata={"kind": kind, "split": split, "seed": seed, "index": i}))
+    return tasks
+
+
+# --- Oracle solutions as a sequence of commands --------------------------------------------------
+
+_ERREXIT = re.compile(r"set(\s+([-+][A-Za-z]+|pipefail|errexit|nounset|xtrace|errtrace|noclobber))+")
+
+
+def _complete(chunk: str) -> bool:
+    if re.search(r"(^|[^\\])(\\\\)*\\\n$", chunk):  # ends in a line continuation: bash -n accepts that
+        return False
+    r = subprocess.run(["bash", "-n"], input=chunk, capture_output=True, text=True)
+    return r.returncode == 0 and not r.stderr.strip()  # an open heredoc only warns
+
+
+def oracle_commands(task: Task) -> list[str]:
+    """The oracle solution split into top-level shell commands, in order.
+
+    Lines are accumulated until `bash -n` accepts the chunk; shebangs, comments and `set -e`-style
+    lines are dropped (errexit would end a persistent interactive shell at the first failure)."""
+    commands, chunk = [], []
+    for line in task.solution.splitlines():
+        s = line.strip()
+        if not chunk and (not s or s.startswith("#") or _ERREXIT.fullmatch(s)):
+            continue
+        chunk.append(line)
+        if _complete("\n".join(chunk) + "\n"):
+            commands.append("\n".join(chunk).strip())
+            chunk = []
+    if chunk:
+        raise TaskError(f"{task.path or task.name}: the solution does not parse as bash near: {chunk[0][:80]!r}")
+    return commands
+
+
+# --- Container bookkeeping: labels, the registry of live containers, cleanup on every kind of exit ---
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _proc_start(pid: int) -> str:
+    """Start time of a process (so a recycled pid is not mistaken for its dead owner)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _owner_labels() -> dict:
+    return {LABEL: "1", f"{LABEL}.pid": str(os.getpid()), f"{LABEL}.pidstart": _proc_start(os.getpid()),
+            f"{LABEL}.host": socket.gethostname(), f"{LABEL}.boot": _boot_id()}
+
+
+def _is_stale(labels: dict) -> bool:
+    """A container is stale when the process that created it (on this machine) no longer exists."""
+    if labels.get(f"{LABEL}.host") != socket.gethostname():
+        return False  # another machine shares this daemon; its containers are not ours to judge
+    if labels.get(f"{LABEL}.boot") != _boot_id():
+        return True
+    try:
+        pid = int(labels.get(f"{LABEL}.pid", ""))
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return True
+    except PermissionError:
+        pass
+    return _proc_start(pid) != labels.get(f"{LABEL}.pidstart")
+
+
+_LIVE: dict[str, object] = {}   # container id -> docker client, for every container this process started
+_LIVE_LOCK = threading.RLock()  # re-entrant: a signal may land while this thread holds it
+_PREV_HANDLERS: dict = {}       # signal -> the handler ours replaced (called after cleanup)
+_ATEXIT_DONE = False
+
+
+def _remove(client, cid: str):
+    with contextlib.suppress(Exception):  # already gone, or the daemon is down: nothing more we can do
+        client.api.remove_container(cid, force=True)
+    with _LIVE_LOCK:
+        _LIVE.pop(cid, None)
+
+
+def cleanup_all():
+    """Remove every container this process started (atexit and signal handlers call this)."""
+    with _LIVE_LOCK:
+        items = list(_LIVE.items())
+    for cid, client in items:
+        _remove(client, cid)
+
+
+def _on_signal(signum, frame):
+    prev = _PREV_HANDLERS.get(signum)
+    if prev == signal.SIG_IGN:
+        return
+    cleanup_all()
+    if callable(prev):
+        prev(signum, frame)
+    elif signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    else:
+        sys.exit(128 + signum)
+
+
+def _install_cleanup():
+    global _ATEXIT_DONE
+    if not _ATEXIT_DONE:
+        _ATEXIT_DONE = bool(atexit.register(cleanup_all))
+    if _PREV_HANDLERS or threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be installed from the main thread
+    for s in (signal.SIGINT, signal.SIGTERM):
+        _PREV_HANDLERS[s] = signal.getsignal(s)
+        signal.signal(s, _on_signal)
+
+
+def sweep_stale(client) -> int:
+    """Remove termrl containers whose creating process is gone (e.g. a run killed with SIGKILL)."""
+    n = 0
+    for c in client.api.containers(all=True, filters={"label": LABEL}):
+        if _is_stale(c.get("Labels") or {}):
+            _remove(client, c["Id"])
+            n += 1
+    return n
+
+
+# --- The terminal: one container, one persistent bash session attached over the docker socket ----
+
+@dataclass
+class CommandResult:
+    output: str
+    exit_code: int | None
+    timed_out: bool
+    duration_s: float
+    truncated: bool
+
+
+@dataclass
+class Grade:
+    reward: float | None
+    passed: bool
+    tests: dict
+    output: str
+    infra_error: str | None
+
+
+class _Capped:
+    """Keeps the head and the tail of a byte stream, counting what it drops in between."""
+
+    def __init__(self, cap: int):
+        self.half, self.head, self.tail, self.dropped, self.total = cap // 2, bytearray(), bytearray(), 0, 0
+
+    def add(self, b: bytes):
+        self.total += len(b)
+        if len(self.head) < self.half:
+            n = self.half - len(self.head)
+            self.head += b[:n]
+            b = b[n:]
+        self.tail += b
+        if len(self.tail) > 2 * self.half:
+            cut = len(self.tail) - self.half
+            del self.tail[:cut]
+            self.dropped += cut
+
+    @property
+    def omitted(self) -> int:
+        return self.dropped + max(0, len(self.tail) - self.half)
+
+    def text(self) -> str:
+        n = self.omitted
+        mid = f"\n[... {n} bytes of output omitted ...]\n" if n else ""
+        tail = self.tail[n - self.dropped:]
+        return self.head.decode("utf-8", "replace") + mid + tail.decode("utf-8", "replace")
+
+
+# Runs once in every session. Commands run inside a function so that a USR1 trap can abort the
+# whole command (loops included) after its processes are killed; `declare` is made global there
+# so `declare -A x` persists as it would at a prompt. $? is carried over between commands.
+_PRELUDE = r"""exec 2>&1
+__termrl_rc() { return "$1"; }
+__termrl_run() { __termrl_rc "${__termrl_last:-0}"; eval "$1"; }
+declare() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin declare -g "$@"; else builtin declare "$@"; fi; }
+typeset() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin typeset -g "$@"; else builtin typeset "$@"; fi; }
+trap 'return 130 2>/dev/null' USR1
+"""
+
+
+class Terminal:
+    """One container plus one persistent bash session; `run` commands, then `grade` the episode.
+
+    Use one terminal from one thread at a time. run() raises InfraError only when the container
+    itself is gone; everything the agent can cause (timeouts, floods, `exit`) comes back as output."""
+
+    def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP):
+        self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
+        self.task: Task | None = None
+        self.closed = False
+        tok = os.urandom(8).hex()
+        # Markers are printed as printf '__termrl_%s_B' <tok> so that they never appear verbatim in
+        # the command line itself (which `set -x` would echo into the output).
+        self._tok = tok
+        self._begin, self._end = f"__termrl_{tok}_B ".encode(), f"\n__termrl_{tok}_E ".encode()
+        info = client.api.inspect_container(container_id)
+        self._host_pid = info["State"]["Pid"]
+        self._start_session()
+
+    # -- session plumbing ----------------------------------------------------------------------
+    def _start_session(self):
+        ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
+                                         stderr=True, tty=False, environment=SESSION_ENV)
+        self._exec_id = ex["Id"]
+        self._sio = self.client.api.exec_start(self._exec_id, socket=True)
+        self._sock = self._sio._sock
+        self._raw, self._pending = bytearray(), bytearray()
+        self._send(_PRELUDE + f"printf '__termrl_%s_E %s\\n' {self._tok} \"$$\"\n")
+        found, pid = self._read_until(self._end[1:], time.monotonic() + 30, _Capped(4096))
+        if not found:
+            raise InfraError(f"container {self.id[:12]}: the bash session did not start")
+        self._session_pid = int(pid)
+        if not hasattr(self, "_floor"):
+            self._floor = self._session_pid - 1  # pids up to here are init and its `sleep`
+
+    def _send(self, text: str):
+        self._sock.sendall(text.encode())
+
+    def _frames(self, deadline: float) -> bytes | None:
+        """Payload of the next docker stream frames; b"" when the session ended, None on timeout."""
+        while True:
+            if len(self._raw) >= 8:
+                size = struct.unpack(">I", self._raw[4:8])[0]
+                if len(self._raw) >= 8 + size:
+                    out = bytes(self._raw[8:8 + size])
+                    del self._raw[:8 + size]
+                    return out
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([self._sock], [], [], wait)[0]:
+                return None
+            chunk = self._sock.recv(1 << 16)
+            if not chunk:
+                return b""
+            self._raw += chunk
+
+    def _read_until(self, marker: bytes, deadline: float, sink: _Capped, flood: int = 0):
+        """Stream into sink until `marker<digits>\\n`; returns (found, digits | reason)."""
+        window = bytes(self._pending)
+        self._pending = bytearray()
+        keep = len(marker) + 24
+        while True:
+            i = window.find(marker)
+            if i >= 0:
+                j = window.find(b"\n", i + len(marker))
+                if j >= 0:
+                    sink.add(window[:i])
+                    self._pending += window[j + 1:]
+                    return True, window[i + len(marker):j].decode()
+            elif len(window) > keep:
+                sink.add(window[:-keep])
+                window = window[-keep:]
+            if flood and sink.total > flood:
+                self._pending += window
+                return False, "flood"
+            data = self._frames(deadline)
+            if data is None:
+                self._pending += window
+                return False, "timeout"
+            if data == b"":
+                sink.add(window)
+                return False, "eof"
+            window += data
+
+    def _kill_command(self, watermark: int):
+        """Kill every process the current command started (pids above the watermark), not the shell."""
+        api = self.client.api
+        host = _container_procs(self._host_pid)
+        if host is not None:  # local daemon: freeze the container so nothing forks while we kill
+            with contextlib.suppress(Exception):
+                api.pause_container(self.id)
+            host = _container_procs(self._host_pid) or {}
+            for hpid, nspid in host.items():
+                try:
+                    if nspid == self._session_pid:
+                        os.kill(hpid, signal.SIGUSR1)
+                    elif nspid > watermark:
+                        os.kill(hpid, signal.SIGKILL)
+                except OSError:
+                    pass
+            with contextlib.suppress(Exception):
+                api.unpause_container(self.id)
+            return
+        script = (f"kill -USR1 {self._session_pid}; for p in /proc/[0-9]*; do p=${{p#/proc/}}; "
+                  f"[ $p -gt {watermark} ] && [ $p != $$ ] && kill -9 $p; done 2>/dev/null; true")
+        with contextlib.suppress(Exception):
+            api.exec_start(api.exec_create(self.id, ["sh", "-c", script])["Id"])
+
+    def _restart_session(self):
+        """Replace a dead or unrecoverable shell with a fresh one (state is lost, the container stays)."""
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        try:
+            self._kill_command(self._floor)  # everything but init and its sleep goes
+            self._start_session()
+        except InfraError:
+            raise
+        except Exception as e:
+            raise InfraError(f"container {self.id[:12]} is unusable: {type(e).__name__}: {e}") from None
+
+    # -- public API ----------------------------------------------------------------------------
+    def run(self, cmd: str, timeout: float = 30) -> CommandResult:
+        """Run one command in the persistent shell; on timeout kill the command, keep the shell."""
+        if self.closed:
+            raise InfraError("terminal is closed")
+        t0 = time.monotonic()
+        sink = _Capped(self.output_cap)
+        line = (f"read -r __t __t __t __t __termrl_wm </proc/loadavg; printf '__termrl_%s_B %s\\n' {self._tok} "
+                f"\"$__termrl_wm\"; __termrl_run {shlex.quote(cmd)} </dev/null; __termrl_last=$?; "
+                f"printf '\\n__termrl_%s_E %d\\n' {self._tok} \"$__termrl_last\"\n")
+        try:
+            self._send(line)
+        except OSError as e:
+            self._restart_session()
+            return CommandResult(f"[the shell had died ({e}); a new shell was started, please retry]",
+                                 None, False, time.monotonic() - t0, False)
+        deadline = t0 + timeout
+        pre = _Capped(self.output_cap)
+        found, wm = self._read_until(self._begin, deadline, pre)
+        note, exit_code, timed_out = "", None, False
+        if found:
+            if pre.total:
+                sink.add(pre.head + pre.tail)  # output of earlier background jobs comes first
+            found, status = self._read_until(self._end, deadline, sink, flood=FLOOD_LIMIT)
+            if found:
+                exit_code = int(status)
+            elif status == "eof":
+                note = "\n[the shell exited; a new shell was started in the working directory]"
+                self._restart_session()
+            else:
+                timed_out = True
+                why = (f"timed out after {timeout:g}s" if status == "timeout"
+                       else f"produced more than {FLOOD_LIMIT >> 20} MiB of output")
+                note = self._recover(int(wm), why, sink)
+        else:  # the shell never picked the command up
+            timed_out = wm == "timeout"
+            note = (f"\n[the shell did not respond within {timeout:g}s" if timed_out else "\n[the shell exited") + \
+                "; a new shell was started in the working directory]"
+            self._restart_session()
+        out = sink.text() + note
+        return CommandResult(out, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted))
+
+    def _recover(self, watermark: int, why: str, sink: _Capped) -> str:
+        for _ in range(3):
+            self._kill_command(watermark)
+            found, _ = self._read_until(self._end, time.monotonic() + 2, sink)
+            if found:
+                return f"\n[command {why} and was killed; the shell is still usable]"
+        self._restart_session()
+        return f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd were reset]"
+
+    def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):
+        """Run a command in a fresh process (not the agent's shell): (exit code, output)."""
+        wrapped = f"timeout -k 5 {max(1, int(timeout))} bash -c {shlex.quote(cmd)}"
+        r = self.client.api.exec_create(self.id, ["bash", "-c", wrapped], environment=env,
+                                        workdir=workdir or (self.task.workdir if self.task else "/"))
+        out = self.client.api.exec_start(r["Id"])
+        return self.client.api.exec_inspect(r["Id"])["ExitCode"], out.decode("utf-8", "replace")
+
+    def grade(self) -> Grade:
+        """Copy the hidden tests in, run them with the task's test timeout, and score the episode.
+
+        reward: 1/0 from the test exit code (TB1, generated) or the number in reward.txt/json (TB2);
+        infra_error (reward None) when the harness, not the agent, failed."""
+        t = self.task
+        try:
+            # Start from a clean /tests: an agent must not be able to plant a conftest.py or a reward.
+            self.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30)
+            if not self.client.api.put_archive(self.id, "/tests", _tar(t.tests)):
+                raise InfraError("could not copy the tests into the container")
+            code, out = self.exec(t.test_command, t.test_timeout_s, env={"TEST_DIR": "/tests"})
+            if t.layout == "tb2":
+                rc, text = self.exec("for f in /logs/verifier/reward.txt /logs/verifier/reward.json; do "
+                                     "[ -f $f ] && { echo $f; cat $f; exit 0; }; done; exit 3", 30)
+        except Exception as e:  # daemon error, container gone: not the agent's doing
+            return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}")
+        cap = _Capped(OUTPUT_CAP * 4)
+        cap.add(out.encode())
+        tests = {m.group(2): m.group(1) for m in re.finditer(
+            r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)", out, re.M)}
+        timed_out = code in (124, 137)  # the tests hung on the state the agent left: a failure
+        output = cap.text() + ("\n[tests timed out]" if timed_out else "")
+        if t.layout != "tb2":
+            if code in (126, 127) or (code in (3, 4, 5) and not tests):  # harness missing / pytest usage error
+                return Grade(None, False, tests, output, f"test harness failed to run (exit code {code})")
+            return Grade(1.0 if code == 0 else 0.0, code == 0, tests, output, None)
+        if rc != 0:
+            if timed_out:
+                return Grade(0.0, False, tests, output, None)
+            return Grade(None, False, tests, output,
+                         f"test harness wrote no /logs/verifier/reward.txt (tests exit code {code})")
+        path, _, body = text.partition("\n")
+        try:
+            d = json.loads(body) if path.endswith(".json") else {"reward": body.strip()}
+            reward = float(d["reward"] if "reward" in d else next(iter(d.values())))
+        except (ValueError, KeyError, StopIteration, TypeError, AttributeError):
+            return Grade(None, False, tests, output, f"{path} does not hold a number: {body[:100]!r}")
+        return Grade(reward, reward >= 1.0, tests, output, None)
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            _remove(self.client, self.id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _container_procs(init_pid: int) -> dict | None:
+    """{host pid: pid inside the container} for a local daemon we may signal, else None."""
+    try:
+        ns = os.readlink(f"/proc/{init_pid}/ns/pid")
+        if ns == os.readlink("/proc/self/ns/pid"):
+            return None  # not a separate pid namespace we can see from here
+    except OSError:
+        return None
+    procs = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{d}/ns/pid") != ns:
+                continue
+            status = Path(f"/proc/{d}/status").read_text()
+            procs[int(d)] = int(re.search(r"^NSpid:.*?(\d+)\s*$", status, re.M).group(1))
+        except (OSError, AttributeError):
+            continue
+    return procs
+
+
+def _tar(files: dict) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o755 if name.endswith(".sh") else 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+# --- Env: images (built once, cached by content), container starts, the warm pool ----------------
+
+_HIDDEN = {"tests", "solution", "solution.sh", "solution.yaml", "run-tests.sh"}  # never in an image
+
+
+def _context_files(task: Task) -> list[tuple[str, Path]]:
+    ctx = task.build_context
+    skip = _HIDDEN if task.layout == "tb1" else set()
+    return [(str(p.relative_to(ctx)), p) for p in sorted(ctx.rglob("*"))
+            if p.is_file() and not (set(p.relative_to(ctx).parts[:1]) & skip) and "__pycache__" not in p.parts]
+
+
+class Env:
+    """Starts terminals for tasks. Thread-safe; one per process; sweeps stale containers at start.
+
+    Warm pool: `warm` started containers are kept ready per container config (image + limits) once
+    that config was reset 3 times or passed to warmup(); only the `max_pools` most recent are kept."""
+
+    def __init__(self, warm: int = 0, max_concurrent_starts: int = 4, allow_internet: bool = False,
+                 output_cap: int = OUTPUT_CAP, max_pools: int = 16):
+        import docker  # imported here so task loading works without the docker SDK
+        self._docker = docker
+        try:
+            self.client = docker.from_env(timeout=600, max_pool_size=64)
+            self.client.ping()
+        except Exception as e:
+            raise InfraError(f"cannot reach the Docker daemon ({e}); run `bash scripts/setup.sh`") from None
+        self.warm, self.allow_internet, self.output_cap, self.max_pools = warm, allow_internet, output_cap, max_pools
+        self._starts = threading.Semaphore(max_concurrent_starts)
+        self._lock = threading.Condition()
+        self._pool: dict[tuple, list[Terminal]] = {}  # container config -> ready terminals, least recent first
+        self._starting: dict[tuple, int] = defaultdict(int)
+        self._resets: dict[tuple, int] = defaultdict(int)
+        self._warmed: set[tuple] = set()
+        self._build_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._images: dict[str, str] = {}
+        self._closed = False
+        self.swept = sweep_stale(self.client)
+        _install_cleanup()
+        self._fillers = [threading.Thread(target=self._fill_loop, daemon=True) for _ in range(min(2, max_concurrent_starts))]
+        for th in self._fillers:
+            th.start()
+
+    # -- images --------------------------------------------------------------------------------
+    def image(self, task: Task) -> str:
+        """The image tag for task: given, or built from its Dockerfile once (tag = content hash)."""
+        if task.image:
+            if task.image not in self._images:
+                try:
+                    self.client.api.inspect_image(task.image)
+                except Exception as e:
+                    raise InfraError(f"image {task.image} is not available locally ({e}); "
+                                     "run `bash scripts/setup.sh` to seed it") from None
+                self._images[task.image] = task.image
+            return task.image
+        files = _context_files(task)
+        h = hashlib.sha256()
+        for rel, p in files:
+            h.update(f"{rel}\0{p.stat().st_mode & 0o111}\0".encode() + p.read_bytes() + b"\0")
+        h.update(task.dockerfile.name.encode())
+        for base in re.findall(r"^\s*FROM\s+(\S+)", task.dockerfile.read_text(), re.M | re.I):
+            try:  # a re-seeded base image must invalidate the cache
+                h.update(self.client.api.inspect_image(base)["Id"].encode())
+            except Exception:
+                h.update(base.encode())
+        slug = re.sub(r"[^a-z0-9_.-]+", "-", task.name.lower()).strip("-.") or "task"
+        tag = f"termrl-{slug}:{h.hexdigest()[:16]}"
+        with self._lock:
+            build_lock = self._build_locks[tag]
+        with build_lock:  # one build per tag, however many threads reset this task at once
+            if tag in self._images:
+                return tag
+            try:
+                self.client.api.inspect_image(tag)
+            except self._docker.errors.ImageNotFound:
+                self._build(task, tag, files)
+            except Exception as e:
+                raise InfraError(f"docker daemon error while looking up {tag}: {e}") from None
+            self._images[tag] = tag
+        return tag
+
+    def _build(self, task: Task, tag: str, files):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for rel, p in files:
+                tar.add(str(p), arcname=rel)
+        buf.seek(0)
+        names = {n["Name"] for n in self.client.api.networks()}
+        log = []
+        try:
+            for chunk in self.client.api.build(
+                    fileobj=buf, custom_context=True, tag=tag, rm=True, forcerm=True, decode=True,
+                    dockerfile=str(task.dockerfile.relative_to(task.build_context)), labels={LABEL: "1"},
+                    network_mode="default" if (task.allow_internet and self.allow_internet and "bridge" in names) else "none",
+                    timeout=int(task.build_timeout_s)):
+                if "error" in chunk:
+                    raise InfraError(f"building {task.name} ({task.dockerfile}) failed: {chunk['error'].strip()}\n"
+                                     + "".join(log[-20:]))
+                log.append(chunk.get("stream", ""))
+        except InfraError:
+            raise
+        except Exception as e:
+            raise InfraError(f"building {task.name} ({task.dockerfile}) failed: {e}") from None
+
+    # -- containers ----------------------------------------------------------------------------
+    def _key(self, task: Task) -> tuple:
+        net = "bridge" if (task.allow_internet and self.allow_internet) else "none"
+        return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir)
+
+    def _start(self, key: tuple) -> Terminal:
+        image, memory_mb, cpus, pids, net, workdir = key
+        with self._starts:
+            try:
+                c = self.client.api.create_container(
+                    image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir, labels=_owner_labels(),
+                    hostname="termrl", host_config=self.client.api.create_host_config(
+                        init=True, network_mode=net, mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
+                        nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"], cap_add=CAPS,
+                        security_opt=["no-new-privileges"], privileged=False,
+                        ulimits=[{"Name": "fsize", "Soft": FILE_SIZE_LIMIT, "Hard": FILE_SIZE_LIMIT}]))
+                cid = c["Id"]
+                with _LIVE_LOCK:
+                    _LIVE[cid] = self.client
+                self.client.api.start(cid)
+                return Terminal(self.client, cid, key, self.output_cap)
+            except Exception as e:
+                if "cid" in locals():
+                    _remove(self.client, cid)
+                if isinstance(e, InfraError):
+                    raise
+                raise InfraError(f"starting a container from {image} failed: {e}") from None
+
+    def _fill_loop(self):
+        while True:
+            with self._lock:
+                while not self._closed and not (key := self._deficit()):
+                    self._lock.wait(1.0)
+                if self._closed:
+                    return
+                self._starting[key] += 1  # so the other filler moves on to the next slot
+            try:
+                term = self._start(key)
+            except Exception:
+                term = None
+            with self._lock:
+                self._starting[key] -= 1
+                if term is not None and not self._closed and key in self._pool:
+                    self._pool[key].append(term)
+                    self._lock.notify_all()
+                    continue
+            if term is not None:
+                term.close()
+            else:
+                time.sleep(1.0)  # the daemon is struggling: back off instead of hammering it
+
+    def _deficit(self):
+        return next((k for k, v in self._pool.items() if len(v) + self._starting[k] < self.warm), None)
+
+    def warmup(self, tasks, wait: bool = True, timeout: float = 120):
+        """Keep `warm` started containers ready for each distinct container config of tasks."""
+        keys = {self._key(t) for t in tasks}
+        with self._lock:
+            self._warmed |= keys
+            for k in keys:
+                self._pool.setdefault(k, [])
+            self._lock.notify_all()
+            end = time.monotonic() + timeout
+            while wait and self.warm and any(len(self._pool.get(k, [None] * self.warm)) < self.warm for k in keys):
+                if time.monotonic() > end:
+                    break
+                self._lock.wait(0.2)
+
+    def reset(self, task: Task) -> Terminal:
+        """A fresh terminal for task (from the warm pool when one is ready). May raise InfraError."""
+        key = self._key(task)
+        term = None
+        with self._lock:
+            if self._closed:
+                raise InfraError("Env is closed")
+            self._resets[key] += 1
+            pool = self._pool.pop(key, [])
+            term = pool.pop(0) if pool else None
+            if key in self._warmed or self._resets[key] >= 3:  # one-off configs get no pool
+                self._pool[key] = pool  # now the most recently used config
+            evicted = []
+            while len(self._pool) > self.max_pools:  # keep pools only for the configs in use lately
+                evicted += self._pool.pop(next(iter(self._pool)))
+            self._lock.notify_all()
+        for t in evicted:
+            t.close()
+        if term is None:
+            term = self._start(key)
+        term.task = task
+        if task.setup:
+            r = term.run(f"bash -c {shlex.quote(task.setup)}", timeout=120)
+            if r.exit_code != 0:
+                term.close()
+                raise InfraError(f"task {task.name}: setup failed (exit {r.exit_code}): {r.output[-500:]}")
+        return term
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            pooled = [t for v in self._pool.values() for t in v]
+            self._pool.clear()
+            self._lock.notify_all()
+        for t in pooled:
+            t.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# --- Curation (`validate`) and a human shell (`shell`) -------------------------------------------
+
+def run_oracle(env: Env, task: Task, noop: bool = False) -> Grade:
+    """One episode where the oracle's commands (or nothing) are typed into the terminal, then graded."""
+    with env.reset(task) as term:
+        for cmd in ([] if noop else oracle_commands(task)):
+            term.run(cmd, timeout=min(task.agent_timeout_s, 600))
+        return term.grade()
+
+
+def validate_task(env: Env, path, k: int = 3) -> dict:
+    """The paper's instance filter: the oracle passes k times in a row and doing nothing fails."""
+    row = {"task": Path(path).name if not isinstance(path, Task) else path.name, "status": "ok",
+           "oracle": [], "noop": None, "build_s": None, "error": None}
+    try:
+        task = path if isinstance(path, Task) else load_task(path)
+        t0 = time.monotonic()
+        env.image(task)
+        row["build_s"] = round(time.monotonic() - t0, 2)
+        g = run_oracle(env, task, noop=True)
+        if g.infra_error:
+            raise InfraError(f"no-op run: {g.infra_error}")
+        row["noop"] = g.reward
+        for _ in range(k):
+            g = run_oracle(env, task)
+            if g.infra_error:
+                raise InfraError(f"oracle run: {g.infra_error}")
+            row["oracle"].append(g.reward)
+            if not g.passed:
+                row["error"] = "oracle failed: " + g.output[-600:]
+                break
+        if row["error"]:
+            row["status"] = "oracle_fails" if len(row["oracle"]) == 1 else "flaky"
+        elif row["noop"] and row["noop"] > 0:
+            row["status"], row["error"] = "noop_passes", "doing nothing already earns reward"
+    except TaskError as e:
+        row["status"], row["error"] = "malformed", str(e)
+    except InfraError as e:
+        row["status"], row["error"] = "infra_error", str(e)
+    return row
+
+
+def _validate_main(args) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+    from tqdm import tqdm
+    paths = task_dirs(args.tasks)
+    if args.easy:
+        paths += generate_easy_tasks(args.easy, split="train")
+    if not paths:
+        print(f"no tasks found under {args.tasks}", file=sys.stderr)
+        return 2
+    with Env(max_concurrent_starts=args.jobs) as env, ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(tqdm(pool.map(lambda p: validate_task(env, p, args.k), paths), total=len(paths),
+                         desc="validate", unit="task"))
+    w = max(len(r["task"]) for r in rows)
+    print(f"\n{'task':<{w}}  {'status':<12} {'build_s':>7}  {'noop':>4}  oracle")
+    for r in rows:
+        oracle = " ".join(f"{x:g}" for x in r["oracle"]) or "-"
+        print(f"{r['task']:<{w}}  {r['status']:<12} {r['build_s'] if r['build_s'] is not None else '-':>7}  "
+              f"{r['noop'] if r['noop'] is not None else '-':>4}  {oracle}")
+    bad = [r for r in rows if r["status"] != "ok"]
+    for r in bad:
+        print(f"\n{r['task']}: {r['status']}: {r['error']}")
+    print(f"\n{len(rows) - len(bad)}/{len(rows)} tasks ok")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"k": args.k, "tasks": rows}, indent=2))
+        print(f"wrote {args.json}")
+    return 1 if bad else 0
+
+
+def _shell_main(args) -> int:
+    task = load_task(args.task)
+    with Env() as env:
+        image = env.image(task)
+    cmd = ["docker", "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", "none",
+           "--label", f"{LABEL}=1", "--cap-drop", "ALL", *[f"--cap-add={c}" for c in CAPS],
+           "--memory", f"{task.memory_mb}m", "--pids-limit", str(task.pids), "-w", task.workdir,
+           "--entrypoint", "bash", image]
+    print(f"# {task.name}: {task.instruction[:200]}\n# {' '.join(cmd)}", file=sys.stderr)
+    os.execvp("docker", cmd)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("validate", help="build every task; check oracle passes k times and no-op fails")
+    v.add_argument("tasks", help="a task dir, a dir of task dirs, or a task-list file")
+    v.add_argument("--k", type=int, default=3, help="oracle runs that must all pass (determinism)")
+    v.add_argument("--json", help="write the per-task results here")
+    v.add_argument("--jobs", type=int, default=2, help="tasks validated in parallel")
+    v.add_argument("--easy", type=int, default=0, help="also validate this many generated easy tasks")
+    s = sub.add_parser("shell", help="open an interactive shell in a task's container")
+    s.add_argument("task")
+    args = ap.parse_args(argv)
+    try:
+        return _validate_main(args) if args.cmd == "validate" else _shell_main(args)
+    except (TaskError, InfraError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""env.py against real Docker: the persistent shell, limits, hidden tests, grading, cleanup, loading."""
+import dataclasses
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import env as E
+from conftest import FIXTURE_TASKS, ROOT
+
+
+def _procs(term) -> int:
+    procs = E._container_procs(term._host_pid)
+    assert procs is not None, "tests run next to a local Docker daemon"
+    return len(procs)
+
+
+# --- the persistent shell ----------------------------------------------------------------------
+
+def test_state_persists_across_commands(docker_env, easy_tasks):
+    with docker_env.reset(easy_tasks[0]) as term:
+        assert term.run("pwd").output == "/app\n"
+        r = term.run("cd /tmp && X=41; declare -A m; m[k]=v; f() { echo fn$1; }; false")
+        assert r.exit_code == 1 and not r.timed_out
+        r = term.run("echo $? $PWD $((X+1)) ${m[k]} $(f 7)")
+        assert r.output == "1 /tmp 42 v fn7\n" and r.exit_code == 0
+        term.run("sleep 300 & echo $! > /tmp/bg.pid")
+        r = term.run("jobs; kill -0 $(cat /tmp/bg.pid) && echo bg-alive")
+        assert "sleep 300" in r.output and "bg-alive" in r.output
+        assert term.run("printf 'no newline'").output == "no newline"
+        assert term.run("echo 'unterminated").exit_code == 2  # a syntax error must not hang the shell
+        assert term.run("cat").output == ""                   # stdin is empty, not our protocol
+
+
+def test_timeout_kills_command_not_session(docker_env, easy_tasks):
+    with docker_env.reset(easy_tasks[1]) as term:
+        term.run("X=kept; sleep 300 &")
+        for cmd in ["echo started; sleep 300", "while true; do sleep 1; done", "python3 -c 'while True: pass'"]:
+            t0 = time.monotonic()
+            r = term.run(cmd, timeout=1.5)
+            assert r.timed_out and r.exit_code is None, cmd
+            assert "timed out after 1.5s" in r.output and "still usable" in r.output, r.output
+            assert time.monotonic() - t0 < 8
+        assert r.output  # the notice reaches the agent
+        r = term.run("echo $X; jobs")
+        assert r.output.startswith("kept\n") and "sleep 300" in r.output  # older background job survives
+        assert term.run("exit 3").exit_code is None
+        assert term.run("echo fresh").output == "fresh\n"  # a new shell replaced the exited one
+
+
+def test_output_flood_is_capped(docker_env, easy_tasks):
+    with docker_env.reset(easy_tasks[2]) as term:
+        r = term.run("yes", timeout=20)
+        assert r.timed_out and r.truncated
+        assert "bytes of output omitted" in r.output and len(r.output) < E.OUTPUT_CAP + 500
+        r = term.run("seq 1 200000")
+        assert r.exit_code == 0 and r.truncated
+        assert r.output.startswith("1\n2\n") and r.output.endswith("199999\n200000\n")
+        r = term.run(r"printf 'ok \xff\xfe end\n'")
+        assert r.output == "ok \ufffd\ufffd end\n"  # undecodable bytes replaced, never an exception
+        assert term.run("echo fine").output == "fine\n"
+
+
+def test_fork_bomb_is_contained(docker_env, easy_tasks):
+    task = dataclasses.replace(easy_tasks[3], pids=64)
+    with docker_env.reset(task) as term:
+        assert docker_env.client.api.inspect_container(term.id)["HostConfig"]["PidsLimit"] == 64
+        term.run(":(){ :|:& };:", timeout=5)
+        time.sleep(1)
+        assert _procs(term) <= 64
+        outputs = [term.run("echo alive", timeout=30).output for _ in range(3)]
+        assert "alive" in outputs[-1], outputs
+
+
+def test_memory_hog_is_killed(docker_env, easy_tasks):
+    task = dataclasses.replace(easy_tasks[4], memory_mb=128)
+    with docker_env.reset(task) as term:
+        r = term.run("python3 -c \"b = b'x' * (1 << 30); print('survived')\"", timeout=60)
+        assert r.exit_code == 137 and "survived" not in r.output.splitlines(), r
+        assert term.run("echo alive").output == "alive\n"
+
+
+def test_sandbox_network_caps_and_file_size(docker_env, easy_tasks):
+    with docker_env.reset(easy_tasks[5]) as term:
+        assert term.run("ls /sys/class/net").output.split() == ["lo"]
+        r = term.run("python3 -c \"import socket; socket.create_connection(('10.1.2.3', 80), 3)\"")
+        assert r.exit_code != 0 and "unreachable" in r.output.lower()
+        assert term.run("mount -t tmpfs none /mnt").exit_code != 0        # no CAP_SYS_ADMIN
+        assert term.run("ulimit -f").output == f"{E.FILE_SIZE_LIMIT // 1024}\n"
+        # ...but what a root shell needs on its own files still works
+        r = term.run("useradd -m bob && su bob -c 'touch /tmp/b' && chown bob /app && chmod 700 /app && stat -c %U /tmp/b")
+        assert r.output == "bob\n", r.output
+    assert not docker_env.client.api.containers(all=True, filters={"id": term.id})  # closed = removed
+
+
+# --- TB1 / TB2 tasks, hidden tests, grading ---------------------------------------------------
+
+def test_tb1_task_hidden_tests_and_grade(docker_env):
+    task = E.load_task(FIXTURE_TASKS / "tb1-hello")
+    assert task.layout == "tb1" and task.workdir == "/app" and "run-tests.sh" in task.tests
+    assert E.oracle_commands(task) == ["cat > /app/greeting.txt <<'TXT'\nhello termrl\nTXT",
+                                       "echo done >> /app/seed.txt"]
+    with docker_env.reset(task) as term:
+        r = term.run("ls -A /tests 2>&1; find / -xdev \\( -name test_outputs.py -o -name 'solution*' "
+                     "-o -name run-tests.sh \\) 2>/dev/null; cat /app/seed.txt")
+        assert r.output == "ls: cannot access '/tests': No such file or directory\nseed\n", r.output
+        g = term.grade()
+        assert (g.reward, g.passed, g.infra_error) == (0.0, False, None)
+        assert g.tests == {"tests/test_outputs.py::test_greeting": "FAILED",
+                           "tests/test_outputs.py::test_seed_appended": "FAILED"} or \
+            set(g.tests.values()) == {"FAILED"}, g.tests
+    with docker_env.reset(task) as term:
+        for cmd in E.oracle_commands(task):
+            assert term.run(cmd).exit_code == 0
+        g = term.grade()
+        assert (g.reward, g.passed, g.infra_error) == (1.0, True, None), g.output
+        assert len(g.tests) == 2 and set(g.tests.values()) == {"PASSED"}
+
+
+def test_tb2_task_partial_reward_from_reward_txt(docker_env):
+    task = E.load_task(FIXTURE_TASKS / "tb2-partial")
+    assert task.layout == "tb2" and task.memory_mb == 512 and task.test_timeout_s == 30
+    with docker_env.reset(task) as term:
+        term.run("echo alpha > /app/a.txt")
+        g = term.grade()
+        assert (g.reward, g.passed, g.infra_error) == (0.5, False, None), g
+        assert g.tests == {"a": "PASSED", "b": "FAILED"}
+    with docker_env.reset(task) as term:
+        for cmd in E.oracle_commands(task):
+            term.run(cmd)
+        assert term.grade().reward == 1.0
+
+
+def test_grading_infra_error_is_distinct_from_failure(docker_env, tmp_path):
+    broken = shutil.copytree(FIXTURE_TASKS / "tb2-partial", tmp_path / "no-reward")
+    (broken / "tests" / "test.sh").write_text("echo 'crashed before writing a reward'; exit 1\n")
+    with docker_env.reset(E.load_task(broken)) as term:
+        g = term.grade()
+        assert g.reward is None and g.infra_error and "reward.txt" in g.infra_error
+    with docker_env.reset(E.load_task(FIXTURE_TASKS / "tb2-partial")) as term:
+        docker_env.client.api.remove_container(term.id, force=True)  # the daemon loses the container
+        g = term.grade()
+        assert g.reward is None and g.infra_error
+    bad = dataclasses.replace(E.load_task(FIXTURE_TASKS / "tb1-hello"), name="bad-image",
+                              dockerfile=None, image="termrl-no-such-image:latest")
+    with pytest.raises(E.InfraError, match="not available locally"):
+        docker_env.reset(bad)
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+def _break(d, how):
+    if how.startswith("rm:"):
+        p = d / how[3:]
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    else:
+        name, text = how.split("=", 1)
+        (d / name).write_text(text)
+
+
+@pytest.mark.parametrize("fixture,how,named", [
+    ("tb1-hello", "task.yaml=instruction: [unclosed", "task.yaml"),
+    ("tb1-hello", "task.yaml=difficulty: easy\n", "task.yaml"),
+    ("tb1-hello", "task.yaml=max_agent_timeout_sec: soon\ninstruction: hi\n", "task.yaml"),
+    ("tb1-hello", "rm:Dockerfile", "Dockerfile"),
+    ("tb1-hello", "rm:run-tests.sh", "run-tests.sh"),
+    ("tb1-hello", "rm:tests", "tests"),
+    ("tb1-hello", "rm:solution.sh", "solution.sh"),
+    ("tb2-partial", "task.toml=[verifier\ntimeout_sec = 3", "task.toml"),
+    ("tb2-partial", "task.toml=[environment]\nmemory = \"lots\"\n", "task.toml"),
+    ("tb2-partial", "rm:instruction.md", "instruction.md"),
+    ("tb2-partial", "rm:environment/Dockerfile", "Dockerfile"),
+    ("tb2-partial", "rm:tests/test.sh", "test.sh"),
+    ("tb2-partial", "rm:solution/solve.sh", "solve.sh"),
+])
+def test_malformed_task_is_rejected_naming_the_file(tmp_path, fixture, how, named):
+    d = shutil.copytree(FIXTURE_TASKS / fixture, tmp_path / fixture)
+    _break(d, how)
+    with pytest.raises(E.TaskError) as e:
+        E.load_tasks(tmp_path)
+    assert named in str(e.value) and str(d) in str(e.value), str(e.value)
+
+
+def test_load_tasks_from_dir_and_list_file(tmp_path):
+    assert [t.name for t in E.load_tasks(FIXTURE_TASKS)] == ["tb1-hello", "tb2-partial"]
+    (tmp_path / "list.json").write_text(json.dumps({"tasks": [str(FIXTURE_TASKS / "tb2-partial")]}))
+    (tmp_path / "list.txt").write_text(f"# one per line\n{FIXTURE_TASKS / 'tb1-hello'}\n")
+    assert [t.name for t in E.load_tasks(tmp_path / "list.json")] == ["tb2-partial"]
+    assert [t.name for t in E.load_tasks(tmp_path / "list.txt")] == ["tb1-hello"]
+    (tmp_path / "orphan" / "tests").mkdir(parents=True)
+    with pytest.raises(E.TaskError, match="neither task.yaml"):
+        E.load_tasks(tmp_path)
+
+
+def test_oracle_commands_split_top_level():
+    task = E.Task(name="t", instruction="x", layout="generated", solution=(
+        "#!/bin/bash\nset -euo pipefail\n# comment\n\nfor f in a b; do\n  echo $f\ndone\n"
+        "if true; then\n  x=1\nfi\ncat <<EOF > out\nline\nEOF\npython3 - <<'PY'\nprint(1)\nPY\necho 'a;b' # tail\nls \\\n  -l\n"))
+    assert E.oracle_commands(task) == [
+        "for f in a b; do\n  echo $f\ndone", "if true; then\n  x=1\nfi", "cat <<EOF > out\nline\nEOF",
+        "python3 - <<'PY'\nprint(1)\nPY", "echo 'a;b' # tail", "ls \\\n  -l"]
+    with pytest.raises(E.TaskError, match="does not parse"):
+        E.oracle_commands(dataclasses.replace(task, solution="echo 'open\n"))
+
+
+# --- generated tasks, concurrency, curation -----------------------------------------------------
+
+def test_generated_family_splits_differ_and_are_deterministic():
+    train, again = E.generate_easy_tasks(40, seed=0), E.generate_easy_tasks(40, seed=0)
+    held = E.generate_easy_tasks(40, seed=0, split="heldout")
+    assert [t.instruction for t in train] == [t.instruction for t in again]
+    assert {t.metadata["kind"] for t in train} == set(E.EASY_KINDS)
+    train_words = set(" ".join(t.instruction + t.setup for t in train).replace("/", " ").replace(".", " ").split())
+    held_words = set(" ".join(t.instruction + t.setup for t in held).replace("/", " ").replace(".", " ").split())
+    assert not (set(E._EASY_WORDS["heldout"]) | set(E._EASY_NAMES["heldout"])) & train_words
+    assert held_words & set(E._EASY_WORDS["heldout"])
+    assert E.generate_easy_tasks(7, seed=1)[0].instruction != train[0].instruction
+
+
+def test_every_easy_kind_passes_oracle_and_fails_noop(docker_env):
+    for task in E.generate_easy_tasks(len(E.EASY_KINDS), seed=3, split="heldout"):
+        row = E.validate_task(docker_env, task, k=1)
+        assert row["status"] == "ok" and row["noop"] == 0.0 and row["oracle"] == [1.0], row
+
+
+def test_eight_episodes_at_once(docker_env, easy_tasks):
+    results, errors = {}, []
+
+    def episode(task):
+        try:
+            results[task.name] = E.run_oracle(docker_env, task)
+        except Exception as e:  # surfaced below with its task
+            errors.append((task.name, e))
+
+    threads = [threading.Thread(target=episode, args=(t,)) for t in easy_tasks[:8]]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors and len(results) == 8
+    assert all(g.passed and g.reward == 1.0 for g in results.values()), results
+
+
+def test_killed_parent_leaves_nothing_after_next_start(docker_env, easy_tasks):
+    code = ("import sys, time; sys.path.insert(0, %r); import env as E; e = E.Env();"
+            "t = e.reset(E.generate_easy_tasks(1)[0]); print(t.id, flush=True); time.sleep(600)" % str(ROOT))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        cid = child.stdout.readline().strip()
+        assert cid, "child did not start a container"
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        client = docker_env.client
+        assert client.api.containers(all=True, filters={"id": cid})  # the kill left it behind...
+        with docker_env.reset(easy_tasks[9]) as ours:                  # ...while our own is live
+            E.Env().close()                                            # the next start sweeps
+            assert not client.api.containers(all=True, filters={"id": cid})
+            assert ours.run("echo mine").output == "mine\n"  # a live run's containers are not touched
+    finally:
+        child.kill()
+
+
+def test_validate_cli_table_and_json(tmp_path):
+    out = tmp_path / "v.json"
+    r = subprocess.run([sys.executable, str(ROOT / "env.py"), "validate", str(FIXTURE_TASKS), "--k", "2",
+                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tb1-hello" in r.stdout and "2/2 tasks ok" in r.stdout
+    rows = {row["task"]: row for row in json.loads(out.read_text())["tasks"]}
+    assert rows["tb2-partial"]["oracle"] == [1.0, 1.0] and rows["tb2-partial"]["noop"] == 0.0
+    assert rows["tb1-hello"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "exception"])
+def test_own_containers_removed_on_signal_or_crash(docker_env, how):
+    code = ("import sys, time; sys.path.insert(0, %r); import env as E; e = E.Env(warm=1);"
+            "t = e.reset(E.generate_easy_tasks(1)[0]); e.warmup([t.task]); print(t.id, flush=True);"
+            "sys.stdin.readline(); raise RuntimeError('crash')" % str(ROOT))
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        cid = child.stdout.readline().strip()
+        pid_filter = {"label": f"termrl.pid={child.pid}"}
+        assert cid and len(docker_env.client.api.containers(all=True, filters=pid_filter)) == 2  # episode + pool
+        if how == "exception":
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        else:
+            child.send_signal(getattr(signal, how))
+        assert child.wait(60) != 0
+        assert not docker_env.client.api.containers(all=True, filters=pid_filter)
+    finally:
+        child.kill()
