@@ -1,0 +1,3 @@
+#!/bin/bash
+# cleanup-tmp job (placeholder)
+echo "cleanup-tmp done"

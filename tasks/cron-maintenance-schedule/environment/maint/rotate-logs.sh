@@ -1,0 +1,3 @@
+#!/bin/bash
+# rotate-logs job (placeholder)
+echo "rotate-logs done"
