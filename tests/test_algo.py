@@ -1,0 +1,561 @@
+"""algo.py against numbers computed independently here (plain Python loops and math), plus
+gradient checks that fail on the mistakes that matter: importance weights on the wrong side,
+leaky masks, NaNs on empty batches, micro-batches that do not add up."""
+import math
+import statistics
+
+import pytest
+import torch
+
+import algo
+from algo import AlgoConfig, Batch
+
+
+
+@pytest.fixture(autouse=True)
+def float64_single_thread():
+    """float64 for exact comparisons (algo.py keeps the dtype it gets); one thread because these
+    tensors are tiny and the CPUs are shared. Both restored for the rest of the suite."""
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+
+
+def build_batch(layouts, rewards, groups=None, valid=None, vocab=7, seed=0):
+    """A Batch from token-kind strings: 'p' prompt, 'o' tool output, 'a' sampled, 'i' prefilled
+    (imitation); a run of a/i after p/o starts a new chunk. Right-padded with pad id 0."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = len(layouts), max(len(s) for s in layouts)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    att, lm, im = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T), torch.zeros(B, T)
+    cid = torch.full((B, T), -1, dtype=torch.long)
+    nch = torch.zeros(B, dtype=torch.long)
+    for b, s in enumerate(layouts):
+        k, prev = -1, "p"
+        for t, c in enumerate(s):
+            ids[b, t] = int(torch.randint(1, vocab, (1,), generator=g))
+            att[b, t] = 1
+            if c in "ai":
+                if prev not in "ai":
+                    k += 1
+                cid[b, t] = k
+                (lm if c == "a" else im)[b, t] = 1.0
+            prev = c
+        nch[b] = k + 1
+    valid = torch.tensor(valid if valid is not None else [True] * B)
+    reward = torch.tensor(rewards, dtype=torch.get_default_dtype())
+    return Batch(input_ids=ids, attention_mask=att, loss_mask=lm, imitation_mask=im, chunk_ids=cid,
+                 num_chunks=nch, infer_logprobs=torch.zeros(B, T), reward=reward, valid=valid,
+                 group_id=torch.tensor(groups if groups is not None else list(range(B))),
+                 policy_version=torch.zeros(B, dtype=torch.long), finish_reason=["submitted"] * B)
+
+
+def chunk_index(layout):
+    """Chunk k of each character of a layout string (None off chunks) and K, by hand."""
+    k, prev, out = -1, "p", []
+    for c in layout:
+        if c in "ai" and prev not in "ai":
+            k += 1
+        out.append(k if c in "ai" else None)
+        prev = c
+    return out, k + 1
+
+
+def rand_lp(batch, seed=1, scale=0.5):
+    g = torch.Generator().manual_seed(seed)
+    return -torch.rand(batch.input_ids.shape, generator=g) * scale - 0.1
+
+
+# ------------------------------------------------------------------------------------------
+# config and schema errors
+# ------------------------------------------------------------------------------------------
+
+def test_config_rejects_bad_values_with_named_key():
+    with pytest.raises(ValueError, match="algo.loss"):
+        AlgoConfig(loss="grpo")
+    with pytest.raises(ValueError, match="algo.gamma"):
+        AlgoConfig(gamma=0.0)
+    with pytest.raises(ValueError, match="std_normalize"):
+        AlgoConfig(baseline="none", std_normalize=True)
+    with pytest.raises(ValueError, match="unknown algo key.*'lr'"):
+        AlgoConfig.from_dict({"loss": "ppo", "lr": 1e-6})
+    assert AlgoConfig.from_dict({"loss": "gspo", "gamma": 1.0}).loss == "gspo"
+    assert AlgoConfig.from_dict({"std_eps": "1e-6", "max_negative_tokens": "20000"}).std_eps == 1e-6
+    with pytest.raises(ValueError, match="algo.gamma = 'high' is not a number"):
+        AlgoConfig.from_dict({"gamma": "high"})
+
+
+def test_batch_validate_names_the_broken_field():
+    b = build_batch(["paa", "pa"], [1.0, 0.0])
+    b.imitation_mask[0, 1] = 1.0
+    with pytest.raises(ValueError, match="overlap"):
+        b.validate()
+    b = build_batch(["paa", "pa"], [1.0, 0.0])
+    b.chunk_ids[0, 1] = -1
+    with pytest.raises(ValueError, match="chunk_ids is -1"):
+        b.validate()
+    b = build_batch(["paa", "pa"], [1.0, float("nan")])
+    with pytest.raises(ValueError, match="NaN on a row with valid=True"):
+        b.validate()
+    b = build_batch(["paa", "pa"], [1.0, 0.0])
+    b.old_logprobs = torch.zeros(2, 2)
+    with pytest.raises(ValueError, match="old_logprobs"):
+        b.validate()
+
+
+# ------------------------------------------------------------------------------------------
+# log-probs from logits
+# ------------------------------------------------------------------------------------------
+
+def test_token_logprobs_alignment_entropy_and_temperature():
+    torch.manual_seed(0)
+    B, T, V, tau = 2, 5, 6, 0.7
+    logits = torch.randn(B, T, V)
+    ids = torch.randint(0, V, (B, T))
+    lp, ent = algo.token_logprobs(logits, ids, temperature=tau, with_entropy=True, block_size=2)
+    for b in range(B):
+        assert lp[b, 0] == 0 and ent[b, 0] == 0
+        for t in range(1, T):
+            z = [math.exp(float(x) / tau) for x in logits[b, t - 1]]
+            p = [v / sum(z) for v in z]
+            assert lp[b, t].item() == pytest.approx(math.log(p[ids[b, t]]), abs=1e-10)
+            assert ent[b, t].item() == pytest.approx(-sum(q * math.log(q) for q in p), abs=1e-10)
+
+
+def test_token_logprobs_gradient_and_bf16():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 5, requires_grad=True)
+    ids = torch.randint(0, 5, (2, 4))
+    assert torch.autograd.gradcheck(lambda x: algo.token_logprobs(x, ids, 1.3, block_size=3)[0], (logits,))
+    assert torch.autograd.gradcheck(
+        lambda x: algo.token_logprobs(x, ids, with_entropy=True, entropy_grad=True)[1], (logits,))
+    lp16, _ = algo.token_logprobs(logits.detach().bfloat16(), ids)
+    assert lp16.dtype == torch.float32
+    assert torch.allclose(lp16.double(), algo.token_logprobs(logits.detach(), ids)[0], atol=0.05)
+
+
+# ------------------------------------------------------------------------------------------
+# advantages
+# ------------------------------------------------------------------------------------------
+
+REWARDS = [1.0, 0.0, 1.0, 0.5, float("nan"), 0.0, 0.0, 1.0]
+GROUPS = [3, 3, 3, 3, 3, 9, 9, 5]
+VALID = [True, True, True, True, False, True, True, True]
+
+
+def expected_advantages(baseline, std_normalize, negative_reward):
+    r = [(negative_reward if (v and x <= 0 and negative_reward is not None) else x) if v else 0.0
+         for x, v in zip(REWARDS, VALID)]
+    out = []
+    for i, (x, g, v) in enumerate(zip(r, GROUPS, VALID)):
+        if not v:
+            out.append(0.0)
+            continue
+        if baseline == "none":
+            out.append(x)
+            continue
+        peers = [r[j] for j in range(len(r)) if VALID[j] and (baseline == "batch" or GROUPS[j] == g)]
+        if baseline == "rloo":
+            others = [r[j] for j in range(len(r)) if VALID[j] and GROUPS[j] == g and j != i]
+            a = x - sum(others) / len(others) if others else 0.0
+        else:
+            a = x - sum(peers) / len(peers)
+        if std_normalize:
+            a /= (statistics.stdev(peers) if len(peers) > 1 else 0.0) + 1e-6
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("baseline,std_normalize,negative_reward", [
+    ("grpo", False, None), ("grpo", True, None), ("rloo", False, None), ("rloo", True, -1.0),
+    ("batch", True, None), ("batch", False, -0.5), ("none", False, None), ("none", False, -1.0)])
+def test_baseline_advantages_match_hand_computation(baseline, std_normalize, negative_reward):
+    valid = torch.tensor(VALID)
+    r = algo.shaped_rewards(torch.tensor(REWARDS), valid, negative_reward)
+    a = algo.baseline_advantages(r, valid, torch.tensor(GROUPS), baseline, std_normalize)
+    assert a.tolist() == pytest.approx(expected_advantages(baseline, std_normalize, negative_reward), abs=1e-9)
+    assert torch.isfinite(a).all()
+
+
+def test_chunk_returns_discount_per_turn_and_zero_off_chunks():
+    # row 0: 3 chunks (one prefilled); row 1: 1 chunk; row 2: invalid
+    b = build_batch(["ppiioaaoaaa", "ppaa", "pa"], [1.0, 0.0, float("nan")], groups=[0, 0, 0],
+                    valid=[True, True, False])
+    cfg = AlgoConfig(baseline="grpo", gamma=0.5, negative_reward=None)
+    adv = algo.compute_advantages(b, cfg)
+    a_row = [0.5, -0.5]  # group mean 0.5 over the two valid rows
+    for r, s in enumerate(["ppiioaaoaaa", "ppaa"]):
+        chunks, K = chunk_index(s)
+        for t, k in enumerate(chunks):
+            want = 0.0 if k is None else a_row[r] * 0.5 ** (K - 1 - k)
+            assert adv[r, t].item() == pytest.approx(want)
+    assert (adv[2] == 0).all()
+    assert adv[0, 2].item() == pytest.approx(0.125) and adv[0, 8].item() == pytest.approx(0.5)
+    flat = algo.compute_advantages(b, AlgoConfig(baseline="grpo", gamma=1.0, negative_reward=None))
+    assert flat[0][b.chunk_ids[0] >= 0].tolist() == [0.5] * 7
+
+
+# ------------------------------------------------------------------------------------------
+# masks: filters and mismatch
+# ------------------------------------------------------------------------------------------
+
+def test_zero_variance_filter_caps_the_filtered_share():
+    # groups 0 (all 1), 1 (all 0), 2 (mixed), 3 (all 1, one invalid row) -> 3 zero-variance groups
+    reward = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, float("nan")])
+    valid = torch.tensor([True] * 7 + [False])
+    gid = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    keep, zv, filt = algo.zero_variance_filter(reward, valid, gid, max_share=0.5)
+    assert keep.tolist() == [False, False, False, False, True, True, True, True]
+    assert (zv, filt) == (0.75, 0.5)
+    keep, _, filt = algo.zero_variance_filter(reward, valid, gid, max_share=1.0)
+    assert keep.tolist() == [False] * 4 + [True, True, False, False] and filt == 0.75
+
+
+def test_keep_rows_masks_long_negatives_and_invalid_rows():
+    b = build_batch(["paaaaaa", "paa", "paaaaaa", "pa"], [0.0, 0.0, 1.0, 1.0], valid=[True, True, True, False])
+    b.reward[3] = float("nan")
+    cfg = AlgoConfig(max_negative_tokens=4)  # baseline none, failures -> -1
+    keep, m = algo.keep_rows(b, algo.compute_advantages(b, cfg), cfg)
+    assert keep.tolist() == [False, True, True, False]  # long negative, short negative, long positive, invalid
+    assert m["long_negative_frac"] == 0.25 and m["invalid_frac"] == 0.25
+
+
+def test_mismatch_correction_token_and_chunk_modes():
+    b = build_batch(["paaaoaa"], [1.0])
+    old = torch.tensor([[0.0, -1.0, -0.2, -3.0, 0.0, -0.5, -0.5]])
+    infer = torch.tensor([[0.0, -1.0 - math.log(7), -0.2, -3.0 + math.log(6), 0.0, -0.5 + 0.1, -0.5]])
+    # per-token r = π_old/μ: [7, 1, 1/6] in chunk 0, [e^-0.1, 1] in chunk 1
+    r = [7.0, 1.0, 1 / 6, math.exp(-0.1), 1.0]
+    tok = [1, 2, 3, 5, 6]
+    mask = b.loss_mask
+    log_r = (old - infer) * mask
+    keep, w = algo.mismatch_correction(log_r, mask, b.chunk_ids, "token_tis", 5.0)
+    assert keep.eq(1).all() and [w[0, t].item() for t in tok] == pytest.approx([min(x, 5.0) for x in r])
+    keep, w = algo.mismatch_correction(log_r, mask, b.chunk_ids, "token_mask", 5.0)
+    assert [keep[0, t].item() for t in tok] == [0.0, 1.0, 0.0, 1.0, 1.0] and w.eq(1).all()
+    keep, _ = algo.mismatch_correction(log_r, mask, b.chunk_ids, "token_mask", 5.0, floor=0.0)
+    assert [keep[0, t].item() for t in tok] == [0.0, 1.0, 1.0, 1.0, 1.0]  # Eq. 6 as written: r ≤ H only
+    # chunk 0 geometric mean (7·1·1/6)^(1/3) = 1.054 -> kept; make chunk 1 exceed H
+    keep, _ = algo.mismatch_correction(log_r, mask, b.chunk_ids, "chunk_mask", 5.0)
+    assert [keep[0, t].item() for t in tok] == [1.0] * 5
+    infer2 = infer.clone()
+    infer2[0, 5:] -= 2.0  # r = e^1.9, e^2 -> geometric mean e^1.95 > 5
+    keep, _ = algo.mismatch_correction((old - infer2) * mask, mask, b.chunk_ids, "chunk_mask", 5.0)
+    assert [keep[0, t].item() for t in tok] == [1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+# ------------------------------------------------------------------------------------------
+# per-token losses: values by hand
+# ------------------------------------------------------------------------------------------
+
+def test_ppo_clip_loss_values_and_clip_flags():
+    lp = torch.tensor([[0.0, -0.5, -0.5, -0.5, -0.5]])
+    old = torch.tensor([[0.0, -1.0, -1.0, -0.4, -0.4]])      # r = e^.5, e^.5, e^-.1, e^-.1
+    adv = torch.tensor([[0.0, 2.0, -2.0, 1.5, -1.5]])
+    mask = torch.tensor([[0.0, 1, 1, 1, 1]])
+    loss, ratio, lo, hi = algo.ppo_clip_loss(lp, old, adv, mask, 0.05, 0.28)
+    for t in range(1, 5):
+        r = math.exp(lp[0, t].item() - old[0, t].item())
+        a = adv[0, t].item()
+        want = -min(r * a, min(max(r, 0.95), 1.28) * a)
+        assert loss[0, t].item() == pytest.approx(want) and ratio[0, t].item() == pytest.approx(r)
+    assert hi[0].tolist() == [False, True, False, False, False]   # r=1.65 > 1.28 with A > 0
+    assert lo[0].tolist() == [False, False, False, False, True]   # r=0.905 < 0.95 with A < 0
+
+
+def test_gspo_sequence_ratio_value_and_gradient():
+    lp = torch.tensor([[0.0, -0.3, -0.9, -0.6, 0.0], [0.0, -0.2, -0.2, 0.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -0.4, -1.0, -0.5, 0.0], [0.0, -0.2, -1.0, 0.0, 0.0]])
+    mask = torch.tensor([[0.0, 1, 1, 1, 0], [0.0, 1, 1, 0, 0]])
+    adv = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0], [0.0, 0.5, 0.5, 0.0, 0.0]])
+    loss, ratio, lo, hi = algo.gspo_loss(lp, old, adv, mask, 0.1, 0.1)
+    s0 = math.exp(((-0.3 + 0.4) + (-0.9 + 1.0) + (-0.6 + 0.5)) / 3)  # e^(0.1/3) inside the band
+    s1 = math.exp((0.0 + 0.8) / 2)                                    # e^0.4 clipped at 1.1
+    (loss * mask).sum().backward()
+    for t in (1, 2, 3):
+        assert ratio[0, t].item() == pytest.approx(s0) and loss[0, t].item() == pytest.approx(-s0)
+        assert lp.grad[0, t].item() == pytest.approx(-s0)             # s_i·∇log π_θ(t)·A
+    for t in (1, 2):
+        assert loss[1, t].item() == pytest.approx(-1.1 * 0.5) and hi[1, t]
+        assert lp.grad[1, t].item() == 0.0                            # clipped: no gradient
+    assert lp.grad[0, 4].item() == 0.0 and not hi[0].any() and not lo.any()
+
+
+def test_ipa_chunk_loss_topr_split_by_hand():
+    # row 0 positive (2 chunks), row 1 negative (2 chunks); π_old stale on row 1
+    b = build_batch(["paaoaa", "paaoaa"], [1.0, 0.0])
+    lp = torch.tensor([[0, -0.5, -0.7, 0, -0.2, -0.4], [0, -0.5, -0.7, 0, -0.2, -0.4]])
+    old = torch.tensor([[0, -1.5, -1.7, 0, 0.0, 0.0], [0, -0.9, -0.9, 0, 0.4, 0.2]])
+    cfg = AlgoConfig(gamma=0.5)  # baseline none, failure -> -1
+    adv = algo.compute_advantages(b, cfg)
+    loss, rho, lo, hi = algo.ipa_chunk_loss(lp, old, adv, b.loss_mask, b.chunk_ids)
+    rho_want = {(0, 0): math.exp(1.0), (0, 1): math.exp(-0.3),
+                (1, 0): math.exp(0.3), (1, 1): math.exp(-0.6)}
+    G = {0: [0.5, 1.0], 1: [-0.5, -1.0]}
+    for (r, k), toks in [((0, 0), (1, 2)), ((0, 1), (4, 5)), ((1, 0), (1, 2)), ((1, 1), (4, 5))]:
+        w = 1.0 if r == 0 else min(rho_want[(r, k)], 1.0)
+        for t in toks:
+            assert rho[r, t].item() == pytest.approx(rho_want[(r, k)])
+            assert loss[r, t].item() == pytest.approx(-w * G[r][k] * lp[r, t].item())
+    assert hi[1].tolist() == [False, True, True, False, False, False] and not hi[0].any() and not lo.any()
+
+
+def test_k3_kl_and_aggregation_modes_by_hand():
+    lp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    want = [math.exp(r - l) - (r - l) - 1 for l, r in [(-1.0, -1.5), (-2.0, -1.0)]]
+    assert algo.k3_kl(lp, ref)[0].tolist() == pytest.approx(want)
+
+    loss = torch.tensor([[9.0, 2.0, 0.0, 0.0], [9.0, 1.0, 3.0, 5.0], [7.0, 7.0, 7.0, 7.0]])
+    mask = torch.tensor([[0.0, 1, 0, 0], [0.0, 1, 1, 1], [0.0, 0, 0, 0]])
+    cases = {"token_mean": (2 + 1 + 3 + 5) / 4,
+             "seq_mean_token_mean": (2 / 1 + (1 + 3 + 5) / 3) / 2,
+             "seq_sum_norm": (2 + 1 + 3 + 5) / (2 * 4)}
+    for agg, want in cases.items():
+        den = algo.aggregation_denominator(mask, agg)
+        assert algo.aggregate(loss, mask, agg, den).item() == pytest.approx(want)
+    den = algo.aggregation_denominator(mask, "seq_sum_norm", norm_length=10)
+    assert algo.aggregate(loss, mask, "seq_sum_norm", den).item() == pytest.approx(11 / 20)
+
+
+# ------------------------------------------------------------------------------------------
+# policy_loss end to end: values, aggregation, metrics
+# ------------------------------------------------------------------------------------------
+
+def test_policy_loss_ppo_with_kl_entropy_tis_by_hand():
+    b = build_batch(["paaoa", "paa"], [1.0, 0.0], groups=[0, 0])
+    lp = torch.tensor([[0, -0.3, -0.6, 0, -0.2], [0, -0.7, -0.1, 0, 0]], requires_grad=True)
+    b.old_logprobs = torch.tensor([[0, -0.4, -0.5, 0, -0.2], [0, -0.5, -0.2, 0, 0]])
+    b.infer_logprobs = b.old_logprobs - torch.tensor([[0, 2.0, 0.0, 0, 0.1], [0, 0.0, -0.3, 0, 0]]) * b.loss_mask
+    ref = torch.tensor([[0, -0.5, -0.5, 0, -0.5], [0, -0.5, -0.5, 0, 0]])
+    ent = torch.tensor([[0, 1.0, 2.0, 0, 3.0], [0, 0.5, 0.5, 0, 0]])
+    cfg = AlgoConfig(loss="ppo", baseline="grpo", negative_reward=None, gamma=1.0, mismatch="token_tis",
+                     mismatch_cap=2.0, agg="token_mean", kl_coef=0.1, entropy_coef=0.01)
+    adv = algo.compute_advantages(b, cfg)
+    loss, m = algo.policy_loss(lp, b, adv, cfg, entropy=ent, ref_logprobs=ref)
+    total, n = 0.0, 0
+    for r, toks, a in [(0, (1, 2, 4), 0.5), (1, (1, 2), -0.5)]:
+        for t in toks:
+            x, o, mu = lp[r, t].item(), b.old_logprobs[r, t].item(), b.infer_logprobs[r, t].item()
+            ratio = math.exp(x - o)
+            pg = -min(ratio * a, min(max(ratio, 0.8), 1.28) * a) * min(math.exp(o - mu), 2.0)
+            d = ref[r, t].item() - x
+            total += pg + 0.1 * (math.exp(d) - d - 1) - 0.01 * ent[r, t].item()
+            n += 1
+    assert loss.item() == pytest.approx(total / n)
+    assert m["tokens_trained"] == 5 and m["tis_clip_frac"] == pytest.approx(1 / 5)
+    assert m["logprob_gap_abs"] == pytest.approx((2.0 + 0.1 + 0.3) / 5)
+    assert m["entropy"] == pytest.approx((1 + 2 + 3 + 0.5 + 0.5) / 5)
+    assert m["loss"] == pytest.approx(m["pg_loss"] + 0.1 * m["kl_loss"] - 0.01 * m["entropy_loss"])
+    assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
+
+
+@pytest.mark.parametrize("loss_name", ["ppo", "gspo", "ipa"])
+def test_aggregation_modes_differ_exactly_as_documented(loss_name):
+    b = build_batch(["paoaaa", "paaaaaaa", "pa"], [1.0, 0.0, 1.0], groups=[0, 0, 1])
+    lp = rand_lp(b)
+    b.old_logprobs = lp - 0.05 * b.loss_mask
+    b.infer_logprobs = b.old_logprobs.clone()
+    base = AlgoConfig(loss=loss_name, baseline="grpo", negative_reward=None, gamma=0.9)
+    adv = algo.compute_advantages(b, base)
+    per_tok = {"ppo": algo.ppo_clip_loss, "gspo": algo.gspo_loss}.get(loss_name)
+    if per_tok:
+        clip = (base.clip_low, base.clip_high) if loss_name == "ppo" else (base.seq_clip_low, base.seq_clip_high)
+        tok_loss = per_tok(lp, b.old_logprobs, adv, b.loss_mask, *clip)[0]
+    else:
+        tok_loss = algo.ipa_chunk_loss(lp, b.old_logprobs, adv, b.loss_mask, b.chunk_ids)[0]
+    rows = [[tok_loss[r, t].item() for t in range(b.input_ids.shape[1]) if b.loss_mask[r, t]] for r in range(3)]
+    want = {"token_mean": sum(map(sum, rows)) / sum(map(len, rows)),
+            "seq_mean_token_mean": sum(sum(x) / len(x) for x in rows) / 3,
+            "seq_sum_norm": sum(map(sum, rows)) / (3 * 8)}
+    got = {agg: algo.policy_loss(lp, b, adv, AlgoConfig(**{**base.__dict__, "agg": agg}))[0].item()
+           for agg in want}
+    assert got == pytest.approx(want)
+    assert len({round(v, 9) for v in got.values()}) == 3
+
+
+# ------------------------------------------------------------------------------------------
+# gradient checks
+# ------------------------------------------------------------------------------------------
+
+class TinyPolicy(torch.nn.Module):
+    """Logits from a bigram table: enough to have real parameters shared across tokens."""
+    def __init__(self, vocab=7, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.nn.Parameter(torch.randn(vocab, vocab, generator=g))
+
+    def forward(self, ids):
+        return self.table[ids]
+
+
+def reinforce_surrogate(policy, batch, weights):
+    """Σ_b,t weights[b,t]·log π(ids[b,t] | ids[b,t-1]) by explicit loops (independent of algo)."""
+    total = 0.0
+    for b in range(batch.input_ids.shape[0]):
+        for t in range(1, batch.input_ids.shape[1]):
+            if weights[b][t] != 0.0:
+                row = torch.log_softmax(policy.table[batch.input_ids[b, t - 1]], dim=-1)
+                total = total + weights[b][t] * row[batch.input_ids[b, t]]
+    return total
+
+
+def grads(policy, loss):
+    policy.zero_grad()
+    loss.backward()
+    return policy.table.grad.clone()
+
+
+def test_ipa_gradient_is_reinforce_weighted_by_chunk_returns_when_on_policy():
+    b = build_batch(["paaoaaoa", "paaaoa", "paoaaa", "ppaa"], [1.0, 0.0, 1.0, 0.0], groups=[0, 0, 1, 1])
+    pol = TinyPolicy()
+    cfg = AlgoConfig(gamma=0.8, agg="token_mean", mismatch="none")  # baseline none, failures -> -1
+    lp, _ = algo.token_logprobs(pol(b.input_ids), b.input_ids)
+    b.old_logprobs = lp.detach()  # ρ = 1
+    adv = algo.compute_advantages(b, cfg)
+    g_ipa = grads(pol, algo.policy_loss(lp, b, adv, cfg)[0])
+    # G_k = γ^(K-1-k)·R by hand
+    weights = []
+    for r, s in enumerate(["paaoaaoa", "paaaoa", "paoaaa", "ppaa"]):
+        R = 1.0 if b.reward[r] > 0 else -1.0
+        chunks, K = chunk_index(s)
+        w = [0.0 if k is None else R * 0.8 ** (K - 1 - k) for k in chunks]
+        weights.append(w + [0.0] * (b.input_ids.shape[1] - len(w)))
+    n = float(b.loss_mask.sum())
+    g_ref = grads(pol, -reinforce_surrogate(pol, b, weights) / n)
+    assert torch.allclose(g_ipa, g_ref, atol=1e-12) and g_ref.abs().sum() > 0
+
+
+def test_ipa_positive_side_carries_no_importance_weight():
+    b = build_batch(["paaoaa", "paaoaa"], [1.0, 0.0], groups=[0, 1])
+    cfg = AlgoConfig(mismatch="none", agg="token_mean", gamma=1.0)
+    adv = algo.compute_advantages(b, cfg)
+
+    def lp_grad(old_shift):
+        lp = rand_lp(b, seed=3).requires_grad_()
+        b.old_logprobs = lp.detach() + old_shift * b.loss_mask
+        algo.policy_loss(lp, b, adv, cfg)[0].backward()
+        return lp.grad
+
+    on_policy = lp_grad(0.0)
+    stale = lp_grad(torch.tensor([[0, 0.7, 0.1, 0, -2.0, 0.3], [0, 0.4, 0.6, 0, -0.9, -0.1]]))
+    assert torch.equal(on_policy[0], stale[0])               # positive row: unchanged by π_old
+    # negative row: chunk 0 has ρ = e^-0.5 -> scaled; chunk 1 has ρ = e^0.5 -> clipped to 1
+    assert stale[1, 1:3].tolist() == pytest.approx((on_policy[1, 1:3] * math.exp(-0.5)).tolist())
+    assert stale[1, 4:6].tolist() == pytest.approx(on_policy[1, 4:6].tolist())
+
+
+def test_mismatch_masked_chunk_gets_exactly_zero_gradient():
+    b = build_batch(["paaoaaaoa", "paaoa"], [1.0, 0.0], groups=[0, 0])
+    lp = rand_lp(b, seed=4).requires_grad_()
+    b.old_logprobs = lp.detach().clone()
+    b.infer_logprobs = b.old_logprobs.clone()
+    b.infer_logprobs[0, 4:7] -= 3.0                    # chunk 1 of row 0: π_old/μ = e^3 > H = 5
+    cfg = AlgoConfig()                                 # ipa + chunk_mask
+    adv = algo.compute_advantages(b, cfg)
+    loss, m = algo.policy_loss(lp, b, adv, cfg)
+    loss.backward()
+    assert torch.equal(lp.grad[0, 4:7], torch.zeros(3))
+    assert (lp.grad[b.loss_mask.bool()].ne(0).sum()) == int(b.loss_mask.sum()) - 3
+    assert m["mismatch_chunk_frac"] == pytest.approx(1 / 5)
+    assert m["mismatch_token_frac"] == pytest.approx(3 / 9) and m["masked_token_frac"] == pytest.approx(3 / 9)
+
+
+@pytest.mark.parametrize("loss_name", ["ppo", "gspo", "ipa"])
+def test_all_masked_batch_gives_finite_zero_loss(loss_name):
+    cfg = AlgoConfig(loss=loss_name, kl_coef=0.1, entropy_coef=0.1)
+    for b in [build_batch(["paa", "pa"], [float("nan")] * 2, valid=[False, False]),
+              build_batch(["ppp", "pp"], [1.0, 0.0])]:      # valid rows, no sampled tokens
+        lp = rand_lp(b).requires_grad_()
+        b.old_logprobs = lp.detach() - 30.0                 # absurd ratios must not leak NaN
+        ent, ref = torch.rand_like(lp), lp.detach() + 50.0
+        adv = algo.compute_advantages(b, cfg)
+        loss, m = algo.policy_loss(lp, b, adv, cfg, entropy=ent, ref_logprobs=ref)
+        loss.backward()
+        assert loss.item() == 0.0 and torch.equal(lp.grad, torch.zeros_like(lp))
+        assert all(math.isfinite(v) for v in m.values())
+
+
+@pytest.mark.parametrize("loss_name", ["ppo", "gspo", "ipa"])
+def test_invalid_rows_give_zero_gradient_and_change_nothing(loss_name):
+    b = build_batch(["paaoa", "paa", "paaaa", "pa"], [1.0, float("nan"), 0.0, 1.0], groups=[0, 0, 0, 1],
+                    valid=[True, False, True, True])
+    lp = rand_lp(b, seed=5).requires_grad_()
+    b.old_logprobs = lp.detach() + 0.1 * b.loss_mask
+    b.infer_logprobs = b.old_logprobs.clone()
+    b.infer_logprobs[1] = 99.0                         # garbage on the invalid row must not matter
+    ref = lp.detach() - 0.3                            # KL gives every trained token a gradient
+    cfg = AlgoConfig(loss=loss_name, baseline="grpo", negative_reward=None, kl_coef=0.1)
+    adv = algo.compute_advantages(b, cfg)
+    loss, m = algo.policy_loss(lp, b, adv, cfg, ref_logprobs=ref)
+    loss.backward()
+    assert torch.equal(lp.grad[1], torch.zeros(5)) and lp.grad[0].abs().sum() > 0
+    sub = b.select(torch.tensor([0, 2, 3]))
+    sub_loss, _ = algo.policy_loss(lp.detach()[[0, 2, 3]], sub, algo.compute_advantages(sub, cfg), cfg,
+                                   ref_logprobs=ref[[0, 2, 3]])
+    assert loss.item() == pytest.approx(sub_loss.item())
+    assert m["invalid_frac"] == 0.25 and m["logprob_gap_abs"] == 0.0
+
+
+def test_imitation_term_is_discount_weighted_nll_on_prefilled_tokens():
+    b = build_batch(["piioiioaa", "paa"], [0.0, 1.0], groups=[0, 0])
+    lp = rand_lp(b, seed=6).requires_grad_()
+    cfg = AlgoConfig(gamma=0.5, imitation_coef=0.3, rl_coef=2.0, agg="token_mean", mismatch="none")
+    adv = algo.compute_advantages(b, cfg)
+    loss, m = algo.policy_loss(lp, b, adv, cfg)
+    loss.backward()
+    n = 2 + 2 + 2 + 2  # imitation 4 + sampled 4 tokens
+    for t, k in [(1, 0), (2, 0), (4, 1), (5, 1)]:      # K = 3
+        assert lp.grad[0, t].item() == pytest.approx(-0.3 * 0.5 ** (2 - k) / n)
+    for t in (7, 8):                                   # sampled chunk of a failure (R -> -1), ρ = 1
+        assert lp.grad[0, t].item() == pytest.approx(2.0 * 1.0 / n)
+    assert lp.grad[1, 1].item() == pytest.approx(-2.0 / n)
+    assert m["imitation_loss"] > 0 and m["tokens_trained"] == n
+    off = AlgoConfig(**{**cfg.__dict__, "imitation_coef": 0.0})
+    assert algo.policy_loss(lp.detach(), b, adv, off)[1]["tokens_trained"] == 4
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_sum_norm"])
+def test_micro_batches_add_up_to_the_full_batch(agg):
+    layouts = ["paaoaa", "paaaaaaa", "pa", "paoa", "ppaaaoa", "pa"]
+    b = build_batch(layouts, [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], groups=[0, 0, 1, 1, 2, 2])
+    pol = TinyPolicy()
+    cfg = AlgoConfig(agg=agg, filter_zero_variance=True, max_negative_tokens=7, entropy_coef=0.01)
+    with torch.no_grad():
+        b.old_logprobs = algo.token_logprobs(pol(b.input_ids), b.input_ids)[0] - 0.1 * b.loss_mask
+    b.infer_logprobs = b.old_logprobs.clone()
+    b.infer_logprobs[4, 5] -= 5.0                      # one chunk masked by mismatch
+    adv = algo.compute_advantages(b, cfg)
+    lp, ent = algo.token_logprobs(pol(b.input_ids), b.input_ids, with_entropy=True, entropy_grad=True)
+    full, fm = algo.policy_loss(lp, b, adv, cfg, entropy=ent)
+    g_full = grads(pol, full)
+    assert fm["filtered_group_share"] == pytest.approx(1 / 3)  # group 1 is all failures
+
+    keep, _ = algo.keep_rows(b, adv, cfg)
+    den = algo.loss_denominator(b, adv, cfg, keep)
+    total = 0.0
+    pol.zero_grad()
+    for idx in [torch.tensor([0, 2, 4]), torch.tensor([1, 3, 5])]:   # groups split across micro-batches
+        mb = b.select(idx)
+        lp, ent = algo.token_logprobs(pol(mb.input_ids), mb.input_ids, with_entropy=True, entropy_grad=True)
+        loss, _ = algo.policy_loss(lp, mb, adv[idx], cfg, entropy=ent, keep=keep[idx], denominator=den)
+        loss.backward()
+        total += loss.item()
+    assert total == pytest.approx(full.item())
+    assert torch.allclose(pol.table.grad, g_full, atol=1e-12)
+
+
+def test_policy_loss_errors_name_the_missing_input():
+    b = build_batch(["paa"], [1.0])
+    lp = rand_lp(b)
+    adv = algo.compute_advantages(b, AlgoConfig())
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        algo.policy_loss(lp, b, adv, AlgoConfig(kl_coef=0.1))
+    with pytest.raises(ValueError, match="entropy"):
+        algo.policy_loss(lp, b, adv, AlgoConfig(entropy_coef=0.1))
+    with pytest.raises(ValueError, match="advantages has shape"):
+        algo.policy_loss(lp, b, adv[:, :2], AlgoConfig())
+    with pytest.raises(ValueError, match="old_logprobs"):
+        algo.loss_denominator(b, adv, AlgoConfig(mismatch="chunk_mask"))
