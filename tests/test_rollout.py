@@ -1,0 +1,290 @@
+"""rollout.py against real parts: the vLLM CPU engine on the tiny model, real containers, real files.
+
+What must never regress: tokens decode to the rendered conversation, masks cover exactly the
+model's tokens, engine log-probs equal the trainer's, and a weight sync (full or LoRA) provably
+lands in the engine."""
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+import env as E
+import rollout as R
+from conftest import ROOT
+
+SHIPPED = ("fix-json-config", "csv-join-report")  # two shipped tasks (TB1 layout, own images)
+
+TOL = 1e-3  # |engine - transformers| log-prob, fp32 on CPU (observed ~1e-6)
+
+
+def hf_logprobs(model, ids):
+    """lp[t] = log p(ids[t] | ids[:t]) from transformers (lp[0] = 0): the trainer's recompute."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    lp = logits[:-1].log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return torch.cat([torch.zeros(1), lp])
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def assert_token_exact(traj, chat):
+    """Tokens decode to the rendered messages; loss/imitation masks cover exactly each assistant
+    turn's content + stop token; chunk ids number the assistant turns."""
+    ids = traj.token_ids
+    n = len(ids)
+    assert len(traj.loss_mask) == len(traj.imitation_mask) == len(traj.chunk_ids) == len(traj.logprobs) == n
+    assert chat.decode(ids) == chat.render(traj.messages, add_generation_prompt=traj.messages[-1]["role"] != "assistant")
+    assert ids[:traj.prompt_len] == chat.prompt_ids(traj.messages[:2])
+    assistant = [m for m in traj.messages if m["role"] == "assistant"]
+    assert len(assistant) == traj.num_turns == max(traj.chunk_ids) + 1
+    for k, m in enumerate(assistant):
+        pos = [i for i in range(n) if traj.chunk_ids[i] == k]
+        assert pos == list(range(pos[0], pos[-1] + 1)), "a chunk is contiguous"
+        mask = traj.imitation_mask if m.get("prefilled") else traj.loss_mask
+        other = traj.loss_mask if m.get("prefilled") else traj.imitation_mask
+        assert all(mask[i] == 1 and other[i] == 0 for i in pos)
+        text = chat.decode([ids[i] for i in pos])
+        assert text in (m["content"] + chat.decode([chat.stop_id]), m["content"])
+    outside = [i for i in range(n) if traj.chunk_ids[i] == -1]
+    assert all(traj.loss_mask[i] == 0 and traj.imitation_mask[i] == 0 and traj.logprobs[i] == 0 for i in outside)
+
+
+# --- pure parts ----------------------------------------------------------------------------
+
+def test_parse_tool_call_names_what_is_wrong():
+    ok, err = R.parse_tool_call('think\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -l"}}\n</tool_call>')
+    assert err is None and ok["arguments"]["command"] == "ls -l"
+    ok, _ = R.parse_tool_call('<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"pwd\\"}"}</tool_call>')
+    assert ok["arguments"] == {"command": "pwd"}
+    assert R.parse_tool_call(R.tool_call_text("submit", {}))[0]["name"] == "submit"
+    for text, words in [("just text", "no <tool_call>"), ("<tool_call>{oops</tool_call>", "not valid JSON"),
+                        (R.tool_call_text("python", {}), "unknown tool 'python'"),
+                        (R.tool_call_text("bash", {"command": " "}), "non-empty"),
+                        ('<tool_call>[1]</tool_call>', "JSON object")]:
+        call, err = R.parse_tool_call(text)
+        assert call is None and words in err, (text, err)
+
+
+def test_chat_format_deltas(tiny_tokenizer):
+    chat = R.ChatFormat(tiny_tokenizer)
+    assert chat.decode(chat.turn_end_ids) == "<|im_end|>\n" and chat.stop_id == tiny_tokenizer.eos_token_id
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"}]
+    new = [{"role": "tool", "content": "out\n[exit code: 0]"}]
+    # the delta appended after any assistant turn reproduces the full render
+    full = chat.encode(chat.render(msgs)) + chat.observation_ids(new)
+    assert chat.decode(full) == chat.render(msgs + new, add_generation_prompt=True)
+    assert chat.decode(chat.expert_ids("ls")).endswith("</tool_call><|im_end|>")
+
+
+def test_make_batch_schema_and_staleness(tiny_tokenizer):
+    def traj(n, valid, version, chunks):
+        t = R.Trajectory(task_name="t", group_id=version, valid=valid, reward=1.0 if valid else float("nan"),
+                         policy_version=version, finish_reason="submitted" if valid else "env_error")
+        t.append([5] * 3)
+        for k in range(chunks):
+            t.append([7] * n, loss=1, chunk=k, logprobs=[-0.5] * n)
+            t.append([9])
+        return t
+    trajs = [traj(2, True, 0, 2), traj(4, False, 1, 1), traj(1, True, 3, 3)]
+    b = R.make_batch(trajs, pad_id=tiny_tokenizer.pad_token_id)
+    b.validate()
+    assert b.input_ids.shape == (3, 9) and b.num_chunks.tolist() == [2, 1, 3]
+    assert b.loss_mask[1].sum() == 0 and math.isnan(b.reward[1]) and b.valid.tolist() == [True, False, True]
+    assert b.attention_mask.sum(1).tolist() == [9, 8, 9] and b.chunk_ids[1, 8] == -1
+    assert b.input_ids[1, 8] == tiny_tokenizer.pad_token_id and b.infer_logprobs[0, 3] == -0.5
+    kept, dropped = R.drop_stale(trajs, current_version=3, max_staleness=2)
+    assert dropped == 1 and [t.policy_version for t in kept] == [1, 3]
+
+
+def test_prefill_k_is_drawn_per_episode():
+    import random
+    task = E.load_task(ROOT / "tasks" / SHIPPED[0])
+    n = len(E.oracle_commands(task))
+    rng = random.Random(0)
+    ks = [R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.5), rng) for _ in range(40)]
+    assert 0 in ks and set(ks) - {0} and all(0 <= k <= n - 1 for k in ks)
+    assert R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.0), rng) == 0
+
+
+# --- engines -------------------------------------------------------------------------------
+
+def test_vllm_logprobs_equal_transformers_at_version_0(vllm_engine, tiny_tokenizer, hf_model):
+    chat = R.ChatFormat(tiny_tokenizer)
+    prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "List files"}])
+    outs = vllm_engine.generate([prompt, prompt[:40]], R.Sampling(max_tokens=24, seed=0, stop_token_ids=(chat.stop_id,)))
+    for p, c in zip([prompt, prompt[:40]], outs):
+        assert c.token_ids and len(c.logprobs) == len(c.token_ids)
+        ref = hf_logprobs(hf_model, p + c.token_ids)[len(p):]
+        assert (ref - torch.tensor(c.logprobs)).abs().max() < TOL
+    gap = R.sync_check(vllm_engine, [prompt], [hf_logprobs(hf_model, prompt)])
+    assert gap["sync/max_abs_logprob_gap"] < TOL and gap["sync/tokens"] == len(prompt) - 1
+
+
+def test_full_weight_update_lands_and_prefix_cache_is_reset(vllm_engine, tiny_model_dir, tiny_tokenizer, hf_model):
+    from transformers import AutoModelForCausalLM
+    chat = R.ChatFormat(tiny_tokenizer)
+    prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "Make a dir"}])
+    sampling = R.Sampling(max_tokens=16, seed=1, stop_token_ids=(chat.stop_id,))
+    vllm_engine.generate([prompt], sampling)  # the prompt's KV blocks are now in the prefix cache
+    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in new.parameters():  # every tensor, embeddings (tied to the output head) included
+            p.add_(torch.randn_like(p) * 0.05)
+    old_lp, new_lp = hf_logprobs(hf_model, prompt), hf_logprobs(new, prompt)
+    assert (old_lp - new_lp)[1:].abs().max() > 0.1, "the perturbation must be visible"
+    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+        assert R.sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"] > 0.1  # not synced yet
+        try:
+            policy.sleep()
+            policy.update_weights(new.named_parameters())
+            assert policy.version == 1 and not vllm_engine.sleeping
+            assert R.sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"] < TOL
+            assert R.sync_check(policy, [prompt], [old_lp])["sync/max_abs_logprob_gap"] > 0.1
+            # sampled log-probs on the cached prompt follow the new weights too (cache was reset)
+            c = policy.generate(prompt, sampling)
+            ref = hf_logprobs(new, prompt + c.token_ids)[len(prompt):]
+            assert (ref - torch.tensor(c.logprobs)).abs().max() < TOL
+        finally:  # the engine is shared by the whole session: put the original weights back
+            policy.update_weights(hf_model.named_parameters(), version=0)
+        assert R.sync_check(policy, [prompt], [old_lp])["sync/max_abs_logprob_gap"] < TOL
+
+
+def test_lora_hot_swap_lands(vllm_engine, tiny_tokenizer, hf_model, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    chat = R.ChatFormat(tiny_tokenizer)
+    seq = chat.prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "Count lines in a.txt"}])
+    base_lp = hf_logprobs(hf_model, seq)
+    peft = get_peft_model(hf_model, LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
+                                               target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"]))
+    try:
+        with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+            prev = base_lp
+            for version in (1, 2):
+                torch.manual_seed(version)
+                with torch.no_grad():
+                    for n, p in peft.named_parameters():
+                        if "lora_" in n:
+                            p.copy_(torch.randn_like(p) * 0.05)
+                peft.save_pretrained(tmp_path / f"v{version}")
+                lp = hf_logprobs(peft, seq)
+                policy.load_lora(tmp_path / f"v{version}", version)
+                assert R.sync_check(policy, [seq], [lp])["sync/max_abs_logprob_gap"] < TOL
+                assert R.sync_check(policy, [seq], [prev])["sync/max_abs_logprob_gap"] > 0.1
+                prev = lp
+            policy.load_lora(None, 3)
+            assert R.sync_check(policy, [seq], [base_lp])["sync/max_abs_logprob_gap"] < TOL
+    finally:
+        peft.unload()  # hf_model is module-shared: remove the LoRA layers again
+
+
+def test_hf_engine_generates_scores_and_updates(tiny_model_dir, tiny_tokenizer, hf_model):
+    eng = R.HFEngine(tiny_model_dir)
+    chat = R.ChatFormat(tiny_tokenizer)
+    prompt = chat.prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}])
+    outs = eng.generate([prompt, prompt[:30]], R.Sampling(max_tokens=12, seed=0, stop_token_ids=(chat.stop_id,)))
+    for p, c in zip([prompt, prompt[:30]], outs):
+        assert 0 < len(c.token_ids) <= 12 and c.finish_reason in ("stop", "length")
+        ref = hf_logprobs(hf_model, p + c.token_ids)[len(p):]
+        assert (ref - torch.tensor(c.logprobs)).abs().max() < TOL
+    with torch.no_grad():
+        eng.update_weights([(n, p * 1.5) for n, p in hf_model.named_parameters()])
+    assert R.sync_check(eng, [prompt], [hf_logprobs(hf_model, prompt)])["sync/max_abs_logprob_gap"] > 0.1
+
+
+# --- episodes against real containers --------------------------------------------------------
+
+def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, docker_env, easy_tasks, tmp_path):
+    cfg = R.RolloutConfig(max_turns=3, max_tokens_per_turn=24, max_context=2048, num_workers=2, group_size=2)
+    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+        trajs = R.collect(easy_tasks[:1], policy, docker_env, cfg, progress=False)
+        # sampled turns after expert-prefilled ones, in one trajectory
+        shipped = E.load_task(ROOT / "tasks" / SHIPPED[0])
+        pre = R.run_episode(shipped, policy, docker_env, cfg, prefill_k=2)
+    assert len(trajs) == 2 and all(t.valid and t.finish_reason in R.FINISH_REASONS for t in trajs)
+    assert pre.valid and pre.num_turns == 3 and set(pre.chunk_ids[i] for i, m in enumerate(pre.loss_mask) if m) == {2}
+    assert all(lp == 0 for lp, m in zip(pre.logprobs, pre.imitation_mask) if m)
+    for t in trajs + [pre]:
+        assert_token_exact(t, policy.chat)
+        assert t.metrics["text_mismatch"] == 0 and sum(t.loss_mask) > 0
+        sampled = [i for i, m in enumerate(t.loss_mask) if m]
+        ref = hf_logprobs(hf_model, t.token_ids)
+        assert max(abs(ref[i].item() - t.logprobs[i]) for i in sampled) < TOL
+    b = R.make_batch(trajs, tiny_tokenizer.pad_token_id)
+    b.validate()
+    assert b.loss_mask.sum() == sum(sum(t.loss_mask) for t in trajs)
+
+
+def test_oracle_solves_shipped_and_generated_tasks(tiny_tokenizer, docker_env, easy_tasks):
+    tasks = [E.load_task(ROOT / "tasks" / n) for n in SHIPPED] + easy_tasks[:3]
+    cfg = R.RolloutConfig(max_turns=20, max_tokens_per_turn=2048, max_context=4096, num_workers=4, group_size=1)
+    with R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
+        trajs = R.collect(tasks, policy, docker_env, cfg, progress=False)
+        # expert-prefilled start: the first k oracle turns are executed and marked for imitation
+        two_step = next(t for t in tasks if len(E.oracle_commands(t)) >= 2)
+        pre = R.run_episode(two_step, policy, docker_env, cfg, prefill_k=1)
+    assert sorted(t.task_name for t in trajs) == sorted(t.name for t in tasks)
+    for t in trajs + [pre]:
+        assert (t.finish_reason, t.reward, t.valid) == ("submitted", 1.0, True), (t.task_name, t.grade)
+        assert_token_exact(t, policy.chat)
+        assert t.metrics["text_mismatch"] == 0 and t.metrics["token_mismatch"] == 0
+    assert pre.prefill_k == 1 and pre.messages[2].get("prefilled")
+    assert sum(pre.imitation_mask) > 0 and set(pre.chunk_ids[i] for i, m in enumerate(pre.imitation_mask) if m) == {0}
+
+
+def test_garbage_policy_is_handled(tiny_tokenizer, docker_env, easy_tasks):
+    cfg = R.RolloutConfig(max_turns=8, max_tokens_per_turn=64, max_context=4096, max_invalid_turns=3, num_workers=2)
+    with R.ScriptedPolicy(tiny_tokenizer, "garbage", seed=1) as policy:
+        trajs = R.collect(easy_tasks[:2], policy, docker_env, cfg, group_size=1, progress=False)
+    for t in trajs:
+        assert t.valid and t.finish_reason == "invalid_tool_calls" and t.reward == 0.0
+        assert t.metrics["invalid_turns"] == 3 and t.num_turns == 3
+        assert "Error:" in t.messages[3]["content"] and "<tool_call>" in t.messages[3]["content"]
+        assert_token_exact(t, policy.chat)
+
+
+@pytest.mark.parametrize("mode,commands,overrides,reason", [
+    ("fixed", ["echo a", "echo b", "echo c"], dict(max_turns=2), "max_turns"),
+    ("oracle", None, dict(max_tokens_per_turn=6), "turn_token_limit"),
+    ("fixed", ["seq 1 400"], dict(max_context=900), "context_overflow"),
+    ("fixed", ["sleep 30", "sleep 30"], dict(command_timeout_s=1, max_command_timeouts=2), "command_timeout"),
+    ("fixed", ["sleep 1"] * 20, dict(episode_timeout_s=2.5), "episode_timeout"),
+])
+def test_limits_end_episodes_with_their_reason(tiny_tokenizer, docker_env, easy_tasks, mode, commands, overrides, reason):
+    cfg = R.RolloutConfig(**{**dict(max_turns=20, max_tokens_per_turn=256, max_context=4096), **overrides})
+    with R.ScriptedPolicy(tiny_tokenizer, mode, commands=commands or ["echo"]) as policy:
+        t = R.run_episode(easy_tasks[4], policy, docker_env, cfg)
+    assert t.finish_reason == reason and t.valid and t.reward == 0.0, (t.finish_reason, t.messages[-1])
+    assert len(t.token_ids) <= cfg.max_context
+    assert_token_exact(t, policy.chat)
+
+
+def test_eight_concurrent_episodes_with_one_env_failure(tiny_tokenizer, docker_env, easy_tasks, tmp_path):
+    broken = dataclasses.replace(easy_tasks[5], name="broken-setup", setup="echo cannot set up >&2; exit 3")
+    tasks = easy_tasks[:7] + [broken]
+    cfg = R.RolloutConfig(max_turns=5, num_workers=8, group_size=1, group_redundancy=1)
+    with R.ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 0.5; echo ok"]) as policy:
+        trajs = R.collect(tasks, policy, docker_env, cfg, progress=False)
+    assert len(trajs) == 8 and sorted(t.group_id for t in trajs) == list(range(8))
+    bad = [t for t in trajs if t.task_name == "broken-setup"]
+    good = [t for t in trajs if t.task_name != "broken-setup"]
+    assert len(bad) == 1 and not bad[0].valid and bad[0].finish_reason == "env_error" and math.isnan(bad[0].reward)
+    assert "setup failed" in bad[0].error
+    assert all(t.valid and t.finish_reason == "submitted" and t.num_turns == 2 for t in good)
+    b = R.make_batch(trajs, tiny_tokenizer.pad_token_id)
+    row = [t.task_name for t in trajs].index("broken-setup")
+    assert not b.valid[row] and b.loss_mask[row].sum() == 0 and math.isnan(b.reward[row])
+    R.write_jsonl(trajs, tmp_path / "r.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and {"messages", "num_tokens", "reward", "finish_reason", "timings"} <= set(rows[0])
+    assert rows[row]["reward"] is None and rows[row]["finish_reason"] == "env_error"
+    m = R.rollout_metrics(trajs)
+    assert m["rollout/valid_frac"] == 7 / 8 and m["rollout/finish_submitted"] == 7 / 8
