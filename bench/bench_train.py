@@ -1,0 +1,121 @@
+"""Benchmark train.py: where a step's time goes, trainer throughput vs a bare forward+backward, padding.
+
+    python bench/bench_train.py                       # tiny model, CPU, 3 RL steps of configs/tiny.yaml
+    python bench/bench_train.py --metrics runs/tiny/metrics.jsonl   # time split of a finished run
+
+1. Runs a short real training run (vLLM + Docker) and prints, per RL step, the time split:
+   generation, environment, training, weight sync, eval, checkpoint.
+2. On one batch of real trajectories (the oracle and a garbage policy on generated tasks, so
+   lengths vary), times train.update (token-budget micro-batches, IPA/GRPO loss, masks, AdamW)
+   against a bare transformers forward + cross-entropy backward over the same micro-batches, and
+   prints tokens/s of both, the overhead, and the padding fraction next to count-based batching.
+Targets: overhead <= 10%, padding <= 10%.
+"""
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def time_split(cfg, steps: int, metrics: str | None):
+    import json
+    import train
+    if metrics:  # an existing run's metrics.jsonl
+        records = [json.loads(line) for line in Path(metrics).read_text().splitlines()]
+    else:
+        cfg.train.steps, cfg.checkpoint.every, cfg.eval.every, cfg.plot = steps, steps, steps, False
+        records = train.run(cfg)["records"]
+    keys = ["generation", "env", "train", "sync", "eval", "checkpoint"]
+    print(f"\n{'step':>4} " + " ".join(f"{k:>11}" for k in keys) + f" {'total':>8}  (seconds)")
+    for r in records:
+        if r.get("phase") == "rl":
+            vals = [r.get(f"time/{k}", 0.0) for k in keys]
+            print(f"{r['step']:>4} " + " ".join(f"{v:>11.2f}" for v in vals) + f" {sum(vals):>8.2f}")
+    print("generation = engine busy time during the rollout; env = the rest of the rollout wall time "
+          "(container start, commands, grading not hidden behind generation)")
+
+
+def throughput(cfg, repeats: int):
+    import torch
+    from transformers import AutoTokenizer
+    import env as envmod
+    import rollout
+    import train
+
+    if cfg.model.build_tiny:  # a fresh tiny model of the config's size, apart from the run's own
+        import tiny
+        cfg.model.path = str(tiny.build_tiny_model(ROOT / "out" / "bench-tiny", **cfg.model.tiny))
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    tasks = envmod.generate_easy_tasks(16, seed=1)
+    rcfg = train.rollout_cfg(cfg)
+    trajs = []
+    with envmod.Env() as env:
+        for mode in ("oracle", "garbage"):
+            with rollout.ScriptedPolicy(tok, mode) as pol:
+                trajs += rollout.collect(tasks, pol, env, rcfg, group_size=2, progress=False)
+    batch = rollout.make_batch(trajs, tok.pad_token_id)
+    # the scripted engines report log-prob 0; give the batch plausible engine log-probs and rewards
+    batch.infer_logprobs = -0.5 * batch.loss_mask
+    batch.reward = torch.where(batch.valid, torch.arange(len(batch)).remainder(2).float(), batch.reward)
+    lengths = batch.attention_mask.sum(1).tolist()
+    groups = train.pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
+    per = max(1, len(lengths) * cfg.train.micro_batch_tokens // (max(lengths) * len(lengths)))
+    naive = [list(range(i, min(i + per, len(lengths)))) for i in range(0, len(lengths), per)]
+    acfg = train.algo_cfg(cfg)
+    model = train.load_model(cfg, "cpu")
+    opt, sched = train.make_optimizer(model, 1e-5, 0.0, [0.9, 0.999], 0, 100, "constant")
+
+    def bare():
+        for rows in groups:
+            mb, _ = train.select_rows(batch, rows)
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
+                                                     mb.input_ids[:, 1:].flatten(), reduction="sum")
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    def ours():
+        train.update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
+
+    results = {}
+    for name, fn in (("bare", bare), ("train.update", ours)) * 2:  # twice, interleaved: a shared CPU drifts
+        fn()  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        results[name] = min(results.get(name, 1e9), (time.perf_counter() - t0) / repeats)
+    tokens = sum(lengths)
+    print(f"\nbatch: {len(lengths)} trajectories, {tokens} real tokens, lengths {min(lengths)}..{max(lengths)}, "
+          f"micro_batch_tokens {cfg.train.micro_batch_tokens} -> {len(groups)} micro-batches")
+    for name, t in results.items():
+        print(f"{name:>13}: {tokens / t:8.0f} tokens/s  ({t:.2f} s per batch)")
+    print(f"     overhead: {results['train.update'] / results['bare'] - 1:+.1%} (target <= 10%)")
+    print(f"      padding: {train.padding_fraction(lengths, groups):.1%} token-budget packing vs "
+          f"{train.padding_fraction(lengths, naive):.1%} count-based batches of {per} (target <= 10%)")
+
+
+def main():
+    import argparse
+    import train
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(ROOT / "configs" / "tiny.yaml"))
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--steps", type=int, default=3, help="RL steps for the time split (0 = skip)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--metrics", help="print the time split of this finished run's metrics.jsonl instead of running")
+    a = ap.parse_args()
+    out = tempfile.mkdtemp(prefix="bench_train_")
+    cfg = train.load_config(a.config, [f"out_dir={out}"] + a.set)
+    if a.steps or a.metrics:
+        time_split(cfg, a.steps, a.metrics)
+    throughput(cfg, a.repeats)
+
+
+if __name__ == "__main__":
+    main()

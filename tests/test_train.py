@@ -1,0 +1,234 @@
+"""train.py: config errors, token-budget micro-batches, exact gradient accumulation, atomic
+checkpoints, data order, and (slow) a short real run that is SIGKILLed and resumed."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import algo
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- config ---------------------------------------------------------------------------------
+
+def test_config_loads_and_overrides():
+    cfg = train.load_config(ROOT / "configs" / "tiny.yaml", ["train.steps=3", "train.lr=1e-5", "algo.loss=ppo"])
+    assert cfg.train.steps == 3 and cfg.train.lr == 1e-5 and cfg.algo["loss"] == "ppo"
+    assert cfg.out_dir == "runs/tiny"
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("trian.steps=3", "did you mean 'train'"),
+    ("train.stepz=3", "did you mean 'train.steps'"),
+    ("rollout.max_turn=3", "did you mean 'rollout.max_turns'"),
+    ("algo.los=ppo", "did you mean 'algo.loss'"),
+    ("train.lr=fast", "'train.lr' expects float"),
+    ("train.steps=2.5", "'train.steps' expects int"),
+    ("model.lora=maybe", "'model.lora' expects bool"),
+    ("train.mode=turbo", "'train.mode' is 'turbo'"),
+    ("algo.loss=reinforce", "algo.loss"),
+    ("nonsense", "expected key=value"),
+])
+def test_config_errors_name_the_key(override, needle):
+    with pytest.raises(train.ConfigError) as e:
+        train.load_config(ROOT / "configs" / "tiny.yaml", [override])
+    assert needle in str(e.value)
+
+
+def test_every_shipped_config_loads():
+    paths = sorted((ROOT / "configs").glob("*.yaml"))
+    assert len(paths) >= 5
+    for p in paths:
+        train.load_config(p)
+
+
+def test_dry_run_cli_reports_a_missing_model(tmp_path):
+    r = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml", "--dry-run",
+                        "--set", "model.build_tiny=false", "--set", f"model.path={tmp_path}/nope"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert "is not a model directory (no config.json)" in r.stdout and "docker: reachable" in r.stdout
+
+
+# --- data order and micro-batches ---------------------------------------------------------
+
+def test_step_tasks_is_a_pure_function_of_step_covering_each_epoch():
+    tasks = list(range(10))
+    a = [train.step_tasks(tasks, s, 4, seed=1) for s in range(5)]
+    assert a == [train.step_tasks(tasks, s, 4, seed=1) for s in range(5)]
+    flat = sum(a, [])
+    assert sorted(flat[:10]) == tasks and sorted(flat[10:20]) == tasks  # each epoch: every task once
+    assert flat != sum((train.step_tasks(tasks, s, 4, seed=2) for s in range(5)), [])
+
+
+def test_pack_by_tokens_respects_budget_and_keeps_padding_low():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(200, 2000, (64,), generator=g).tolist()
+    groups = train.pack_by_tokens(lengths, 8192)
+    assert sorted(i for grp in groups for i in grp) == list(range(64))
+    for grp in groups:
+        assert len(grp) * max(lengths[i] for i in grp) <= 8192 or len(grp) == 1
+    assert train.padding_fraction(lengths, groups) < 0.10
+    naive = [list(range(i, min(i + 4, 64))) for i in range(0, 64, 4)]  # count-based, unsorted
+    assert train.padding_fraction(lengths, groups) < train.padding_fraction(lengths, naive)
+    assert train.pack_by_tokens([5000, 10], 100) == [[0], [1]]  # an over-budget row goes alone
+
+
+def _synthetic_batch(vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [40, 33, 25, 18, 12, 7]
+    B, T = len(lengths), max(lengths)
+    ids = torch.randint(1, vocab, (B, T), generator=g)
+    att = torch.zeros(B, T, dtype=torch.long)
+    loss = torch.zeros(B, T)
+    chunk = torch.full((B, T), -1)
+    for b, L in enumerate(lengths):
+        att[b, :L] = 1
+        ids[b, L:] = 0
+        loss[b, L // 2:L] = 1
+        chunk[b, L // 2:L] = 0
+    return algo.Batch(input_ids=ids, attention_mask=att, loss_mask=loss, imitation_mask=torch.zeros(B, T),
+                      chunk_ids=chunk, num_chunks=torch.ones(B, dtype=torch.long),
+                      infer_logprobs=-torch.rand(B, T, generator=g) * loss,
+                      reward=torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0]),
+                      valid=torch.ones(B, dtype=torch.bool), group_id=torch.tensor([0, 0, 0, 1, 1, 1]),
+                      policy_version=torch.zeros(B, dtype=torch.long), finish_reason=["submitted"] * B)
+
+
+@pytest.mark.parametrize("sft", [False, True])
+def test_micro_batching_gives_the_full_batch_update(tiny_model_dir, sft):
+    """Same loss, gradient norm and weights after one step in one micro-batch or in several."""
+    cfg = train.load_config(ROOT / "configs" / "tiny.yaml",
+                            ["algo.baseline=grpo", "algo.mismatch=none", f"model.path={tiny_model_dir}"])
+    acfg = None if sft else train.algo_cfg(cfg)
+    results = []
+    for budget in (10_000, 45):
+        cfg.train.micro_batch_tokens = budget
+        model = train.load_model(cfg, "cpu")
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)  # params move by exactly -grad (Adam would
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)  # blow up float noise on ~0 grads)
+        m = train.update(model, opt, sched, _synthetic_batch(model.config.vocab_size), acfg, cfg, sft=sft)
+        results.append((m, [p.detach().clone() for p in model.parameters()]))
+    (m1, p1), (m2, p2) = results
+    assert m1["micro_batches"] == 1 and m2["micro_batches"] > 2
+    assert m2["padding_frac"] < m1["padding_frac"]
+    assert abs(m1["loss"] - m2["loss"]) < 1e-4 * max(1.0, abs(m1["loss"]))
+    assert m1["grad_norm"] > 0 and abs(m1["grad_norm"] - m2["grad_norm"]) < 1e-4 * max(1.0, m1["grad_norm"])
+    for a, b in zip(p1, p2):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+# --- checkpoints ----------------------------------------------------------------------------
+
+def _write_file(d: Path):
+    d.mkdir(parents=True)
+    (d / "weights.bin").write_bytes(os.urandom(64))
+
+
+def test_checkpoints_are_atomic_and_keep_the_last_k(tmp_path):
+    root = tmp_path / "ckpt"
+    for step in range(1, 6):
+        train.save_checkpoint(root, step, _write_file, {"step": step}, keep_last=2)
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000004", "step_000005"]
+    assert train.latest_checkpoint(root).name == "step_000005"
+
+    def killed_mid_save(d: Path):
+        _write_file(d)
+        raise KeyboardInterrupt("killed while writing")
+    with pytest.raises(KeyboardInterrupt):
+        train.save_checkpoint(root, 6, killed_mid_save, {"step": 6}, keep_last=2)
+    latest = train.latest_checkpoint(root)  # still the last complete one
+    assert latest.name == "step_000005" and torch.load(latest / "trainer.pt")["step"] == 5
+    assert not (root / "step_000006").exists() and list(root.glob(".tmp-*"))
+    # the next save (here: another process, as after a restart) sweeps the half-written directory away
+    subprocess.run([sys.executable, "-c", "import sys, train; from pathlib import Path; "
+                    "train.save_checkpoint(Path(sys.argv[1]), 7, lambda d: d.mkdir(), {'step': 7}, 2)",
+                    str(root)], cwd=ROOT, check=True)
+    assert not list(root.glob(".tmp-*"))
+    assert train.latest_checkpoint(root).name == "step_000007"
+
+
+def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for lora in (False, True):
+        cfg = train.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}", f"model.lora={lora}"])
+        model = train.load_model(cfg, "cpu")
+        ckpt = train.save_checkpoint(tmp_path / f"lora{lora}", 1, lambda d: train.save_model(model, tok, d),
+                                     {"step": 1}, 1)
+        path = ckpt / "model"
+        if lora:
+            assert (path / "adapter_config.json").exists()
+            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), path)
+        else:
+            reloaded = AutoModelForCausalLM.from_pretrained(path)
+            for (n, a), b in zip(model.state_dict().items(), reloaded.state_dict().values()):
+                torch.testing.assert_close(a, b, msg=n)
+        AutoTokenizer.from_pretrained(path)
+        resumed = train.load_model(cfg, "cpu", resume=ckpt)
+        assert sum(p.numel() for p in resumed.parameters() if p.requires_grad) == \
+            sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# --- end to end (slow): a short real run, SIGKILLed and resumed ---------------------------
+
+def _rl_tasks(out: Path) -> dict:
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["tasks"] for r in recs if r.get("phase") == "rl"}
+
+
+@pytest.mark.slow
+def test_short_run_then_sigkill_and_resume_keeps_data_order(tiny_model_dir, tmp_path):
+    """A real run (SFT + RL with vLLM CPU + Docker) writes metrics and checkpoints; killed with
+    SIGKILL after its first RL checkpoint and resumed, it trains the same tasks in the same order
+    as an unbroken run (whose order is the pure function train.step_tasks of seed and step)."""
+    import shutil
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    overrides = ["model.build_tiny=false", f"model.path={model}", "threads=1",
+                 "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=4",
+                 "train.steps=3", "train.tasks_per_step=2", "train.group_size=2",
+                 "rollout.max_turns=3", "rollout.max_tokens_per_turn=64",
+                 "eval.num_tasks=2", "eval.every=0", "checkpoint.every=1", "checkpoint.keep_last=2",
+                 "plot=false", f"out_dir={tmp_path / 'run'}"]
+    cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    out = tmp_path / "run"
+    log = tmp_path / "first.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 900
+        while not (out / "checkpoints" / "step_000001").exists():
+            assert proc.poll() is None, f"the run ended before its first RL checkpoint:\n{log.read_text()[-3000:]}"
+            assert time.time() < deadline
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = sorted(_rl_tasks(out))
+    assert killed_at and killed_at[-1] < 3, "the kill came too late to test resuming"
+    subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env, check=True, timeout=900, capture_output=True)
+
+    cfg = train.load_config(ROOT / "configs" / "tiny.yaml", overrides)
+    tasks, _ = train.load_task_sets(cfg)
+    expected = {s + 1: [t.name for t in train.step_tasks(tasks, s, 2, cfg.seed)] for s in range(3)}
+    assert _rl_tasks(out) == expected
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in recs if r["phase"] == "rl"]
+    assert all(r["loss"] == r["loss"] and "reward" in r and r["tokens"] > 0 for r in rl)  # finite loss
+    assert any(r["phase"] == "sft" for r in recs) and any(r["phase"] == "eval" for r in recs)
+    assert all(r["sync_gap"] < 0.05 for r in rl if "sync_gap" in r)
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000002", "step_000003"]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000003"
+    assert (out / "summary.txt").exists() and (out / "trajectories.jsonl").exists()

@@ -1,0 +1,1144 @@
+"""Agentic RL in terminal environments: the whole training loop in one file.
+
+    python train.py --config configs/tiny.yaml                      # the CPU demo (builds a tiny model)
+    python train.py --config configs/tiny.yaml --set train.steps=4 --set train.lr=3e-4
+    python train.py --config configs/tiny.yaml --dry-run            # check config, tasks, model, docker
+    python train.py --config configs/tiny.yaml --resume             # continue from <out_dir>/checkpoints/latest
+    torchrun --nproc-per-node 8 train.py --config configs/qwen3-full-8gpu.yaml   # one box, many GPUs
+
+One RL step, as in ROLL's agentic pipeline (arXiv 2512.24873, §3):
+    rollout (engine awake) -> advantages -> engine sleeps -> update in token-budget micro-batches
+    -> sync weights into the engine -> sync check -> eval now and then -> checkpoint -> log
+With `train.mode: async`, episodes keep running in a background thread while the trainer steps;
+a trajectory started more than `train.max_staleness` policy versions ago is dropped.
+
+Multi-GPU: `torchrun --nproc-per-node N train.py ...` gives every rank its own colocated engine and
+1/N of the tasks of each step; gradients are averaged with DDP (`train.parallel: ddp`) or the
+parameters sharded with FSDP2 (`train.parallel: fsdp`). Beyond one box use a distributed RL
+trainer built for it (alibaba/ROLL, volcengine/verl) -- this file deliberately stops at one node.
+"""
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import json
+import math
+import os
+import random
+import shutil
+import threading
+import time
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+# vLLM runs in this process (weights are shared with the trainer through update_weights).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+class ConfigError(ValueError):
+    """A config file or --set override is wrong; the message says which key and how to fix it."""
+
+
+# -----------------------------------------------------------------------------------------------
+# config: nested dataclasses, every knob with its default; YAML and --set fill them in
+
+
+@dataclass
+class ModelConfig:
+    path: str = "out/tiny"                 # Hugging Face model directory (or a name in the local HF cache)
+    build_tiny: bool = False               # build tiny.py's model into `path` first (no downloads)
+    tiny: dict = field(default_factory=dict)  # extra kwargs for tiny.build_tiny_model (hidden_size, ...)
+    lora: bool = False                     # train a LoRA adapter (peft) instead of all weights
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    gradient_checkpointing: bool = False
+    dtype: str = "auto"                    # auto = bf16 on GPU, fp32 on CPU; or float32 / bfloat16
+
+
+@dataclass
+class EngineConfig:
+    kind: str = "vllm"                     # vllm | hf (transformers generate; slow, no vLLM needed)
+    gpu_memory_utilization: float = 0.5    # colocated with the trainer: leave room for it
+    cpu_kvcache_gb: int = 1                # VLLM_CPU_KVCACHE_SPACE on CPU
+    max_model_len: int = 4096
+    enforce_eager: bool = True             # CUDA graphs cost start-up time and memory for little gain here
+    sleep: bool = True                     # free engine memory while the trainer steps (GPU only)
+    extra: dict = field(default_factory=dict)  # passed to the engine constructor as is
+
+
+@dataclass
+class DataConfig:
+    train_tasks: str = "generated"         # "generated" (env.generate_easy_tasks) or a task dir / list file
+    eval_tasks: str = "generated"          # same, drawn with eval_split / eval_seed
+    num_generated_train: int = 64
+    num_generated_eval: int = 32
+    generated_seed: int = 0
+    eval_split: str = "heldout"            # generated eval tasks: "heldout" = unseen names and words;
+    #                                        "train" = the train vocabulary in new combinations (eval_seed)
+    eval_seed: int = 0
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 0                         # optimizer steps of SFT warm start on oracle trajectories; 0 = none
+    num_tasks: int = 64                    # oracle trajectories collected from the train tasks
+    batch_size: int = 16                   # trajectories per optimizer step
+    lr: float = 1e-3
+    warmup_steps: int = 5
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20                        # RL steps (one rollout batch + one update each)
+    tasks_per_step: int = 4                # distinct tasks per step ...
+    group_size: int = 4                    # ... each rolled out this many times (the GRPO group)
+    lr: float = 1e-5
+    lr_schedule: str = "constant"          # constant | cosine (after linear warmup)
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 8192         # padded tokens per forward/backward (micro-batches by budget)
+    updates_per_step: int = 1              # optimizer steps per rollout batch (>1 costs a π_old pass)
+    mode: str = "sync"                     # sync (on-policy) | async (rollouts overlap training)
+    max_staleness: int = 1                 # async: drop trajectories > this many versions old
+    parallel: str = "ddp"                  # under torchrun: ddp | fsdp
+    sync_check: bool = True                # after each sync, compare engine and trainer log-probs
+    log_entropy: bool = True               # entropy metric (a softmax over the vocab per token)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 5                         # RL steps between evals (0 = only at start and end)
+    num_tasks: int = 32                    # held-out tasks per eval (<= data.num_generated_eval)
+    temperature: float = 0.0               # 0 = greedy: a stable success figure
+    samples: int = 1                       # episodes per task (with temperature > 0: pass@1 over k samples)
+    at_start: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 5                         # RL steps between checkpoints (and always at the end)
+    keep_last: int = 3
+
+
+@dataclass
+class Config:
+    run_name: str = "run"
+    out_dir: str = ""                      # default runs/<run_name>
+    seed: int = 0
+    device: str = "auto"                   # auto | cpu | cuda
+    threads: int = 0                       # torch CPU threads for SFT; 0 = default. On a shared, oversubscribed
+    #                                        CPU 1 can be 10x faster than 2. (Once the vLLM CPU engine starts
+    #                                        it pins torch's threads for the rest of the process.)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: dict = field(default_factory=dict)   # -> rollout.RolloutConfig (checked against it)
+    algo: dict = field(default_factory=dict)      # -> algo.AlgoConfig (checked against it)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tensorboard: bool = True                # when tensorboard is installed
+    plot: bool = True                       # PNG of curves at the end, when matplotlib is installed
+
+
+def _all_keys(cls, prefix="") -> list[str]:
+    out = []
+    for f in dataclasses.fields(cls):
+        t = typing.get_type_hints(cls)[f.name]
+        out.append(prefix + f.name)
+        if dataclasses.is_dataclass(t):
+            out += _all_keys(t, prefix + f.name + ".")
+    return out
+
+
+def _coerce(value, tp, key):
+    """Check/convert one leaf value to its annotated type; error names the key and the type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is not type(None):
+                return _coerce(value, a, key)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}' expects a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else list(value)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' expects a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        return value
+    raise ConfigError(f"config key '{key}' expects {getattr(tp, '__name__', tp)}, got {value!r} "
+                      f"({type(value).__name__})")
+
+
+def _unknown(key: str, valid: list[str], all_valid: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, all_valid, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys here: {', '.join(valid)}"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def dataclass_from_dict(cls, d: dict, prefix: str = "", all_valid: list[str] | None = None):
+    """Build `cls` from a nested dict; unknown keys and wrong types raise ConfigError."""
+    if d is None:
+        d = {}
+    if not isinstance(d, dict):
+        raise ConfigError(f"config key '{prefix.rstrip('.') or '<root>'}' expects a mapping, got {d!r}")
+    all_valid = all_valid or [prefix + k for k in _all_keys(cls)]
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for k, v in d.items():
+        if k not in names:
+            raise _unknown(prefix + str(k), names, all_valid)
+        tp = hints[k]
+        if dataclasses.is_dataclass(tp):
+            kwargs[k] = dataclass_from_dict(tp, v, prefix + k + ".", all_valid)
+        else:
+            kwargs[k] = _coerce(v, tp, prefix + k)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:  # the section's own checks (e.g. AlgoConfig.__post_init__)
+        raise ConfigError(str(e)) from None
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """`a.b=v` strings -> nested dict; values parsed as YAML (3 -> int, true -> bool, [1,2] -> list)."""
+    out: dict = {}
+    for p in pairs:
+        if "=" not in p:
+            raise ConfigError(f"--set {p!r}: expected key=value, e.g. --set train.lr=1e-5")
+        key, raw = p.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {p!r}: '{part}' is set twice, once as a value")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return out
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """YAML file + `--set` overrides -> Config; the rollout/algo sections are checked against their dataclasses."""
+    raw = {}
+    if path:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file {path} not found (see configs/ for examples)")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    raw = deep_merge(raw, parse_overrides(list(overrides)))
+    cfg = dataclass_from_dict(Config, raw)
+    rollout_cfg(cfg), algo_cfg(cfg)  # validate the nested sections now, not at step 1
+    for name, val, allowed in [("train.mode", cfg.train.mode, ("sync", "async")),
+                               ("train.parallel", cfg.train.parallel, ("ddp", "fsdp")),
+                               ("train.lr_schedule", cfg.train.lr_schedule, ("constant", "cosine")),
+                               ("engine.kind", cfg.engine.kind, ("vllm", "hf")),
+                               ("data.eval_split", cfg.data.eval_split, ("train", "heldout")),
+                               ("device", cfg.device, ("auto", "cpu", "cuda")),
+                               ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16"))]:
+        if val not in allowed:
+            raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
+    if cfg.train.group_size < 1 or cfg.train.tasks_per_step < 1:
+        raise ConfigError("train.group_size and train.tasks_per_step must be >= 1")
+    if cfg.train.micro_batch_tokens < 1:
+        raise ConfigError("train.micro_batch_tokens must be >= 1")
+    if not cfg.out_dir:
+        cfg.out_dir = f"runs/{cfg.run_name}"
+    return cfg
+
+
+def rollout_cfg(cfg: Config):
+    import rollout
+    return dataclass_from_dict(rollout.RolloutConfig, cfg.rollout, "rollout.")
+
+
+def algo_cfg(cfg: Config):
+    import algo
+    return dataclass_from_dict(algo.AlgoConfig, cfg.algo, "algo.")
+
+
+def config_to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+# -----------------------------------------------------------------------------------------------
+# data order: a pure function of (seed, step), so a resumed run sees exactly the tasks an unbroken one would
+
+
+def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
+    """Tasks for RL step `step`: the next n of a stream of per-epoch seeded permutations of `tasks`."""
+    out = []
+    for i in range(step * n, (step + 1) * n):
+        epoch, j = divmod(i, len(tasks))
+        perm = random.Random(f"{seed}-{epoch}").sample(range(len(tasks)), len(tasks))
+        out.append(tasks[perm[j]])
+    return out
+
+
+# -----------------------------------------------------------------------------------------------
+# micro-batches by token budget
+
+
+def pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
+    """Group row indices so each group's padded size (rows x longest) fits `budget`; longest first.
+
+    Sorting by length before cutting keeps rows of similar length together, which is what keeps
+    padding low; a row longer than the budget gets a micro-batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups, cur = [], []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[cur[0]] > budget:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def padding_fraction(lengths: list[int], groups: list[list[int]]) -> float:
+    """Share of the tokens fed to the model that are padding."""
+    padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+    return 1.0 - sum(lengths) / padded if padded else 0.0
+
+
+def select_rows(batch, rows: list[int], extra: dict | None = None):
+    """Sub-batch of `rows`, trimmed to its longest row (right padding); also slices `extra` [B,T] tensors."""
+    import torch
+    idx = torch.as_tensor(rows, dtype=torch.long)
+    T = max(int(batch.attention_mask[idx].sum(1).max()), 1)
+    fields = {}
+    for f in dataclasses.fields(batch):
+        v = getattr(batch, f.name)
+        if torch.is_tensor(v):
+            v = v[idx.to(v.device)]
+            v = v[:, :T] if v.dim() == 2 else v
+        elif isinstance(v, list):
+            v = [v[i] for i in rows]
+        fields[f.name] = v
+    sliced = {k: v[idx.to(v.device)][:, :T] for k, v in (extra or {}).items()}
+    return dataclasses.replace(batch, **fields), sliced
+
+
+# -----------------------------------------------------------------------------------------------
+# optimizer and schedule
+
+
+def make_optimizer(model, lr: float, weight_decay: float, betas, warmup: int, total: int, schedule: str):
+    """AdamW over trainable params + linear warmup then constant or cosine decay (to 10%)."""
+    import torch
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas),
+                            fused=False, foreach=True)
+
+    def factor(s):
+        if s < warmup:
+            return (s + 1) / (warmup + 1)
+        if schedule == "cosine":
+            frac = min(1.0, (s - warmup) / max(1, total - warmup))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+        return 1.0
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+# -----------------------------------------------------------------------------------------------
+# checkpoints: tmp dir -> fsync -> rename, then an atomically replaced `latest` pointer
+
+
+def _fsync_tree(path: Path):
+    for p in sorted(path.rglob("*")) + [path]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_atomic(path: Path, text: str):
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_last: int) -> Path:
+    """Write step_<N>/ (model/ in HF format + trainer.pt) atomically, point `latest` at it, keep the last K.
+
+    `write_model(dir)` saves the model or adapter (plus tokenizer) loadable as is by
+    transformers / peft / vLLM. A kill at any moment leaves `latest` naming a complete checkpoint.
+    """
+    import torch
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step_{step:06d}"
+    tmp = ckpt_root / f".tmp-step_{step:06d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    write_model(tmp / "model")
+    torch.save(state, tmp / "trainer.pt")
+    (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time()}))
+    _fsync_tree(tmp)
+    if final.exists():  # re-saving a step after a resume: the old copy is equivalent
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _write_atomic(ckpt_root / "latest", final.name + "\n")
+    for old in sorted(ckpt_root.glob("step_*"))[:-keep_last] if keep_last > 0 else []:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    for stale in ckpt_root.glob(".tmp-step_*"):  # left by a run killed mid-save
+        if not stale.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    ptr = ckpt_root / "latest"
+    if not ptr.exists():
+        return None
+    path = ckpt_root / ptr.read_text().strip()
+    if not (path / "trainer.pt").exists():
+        raise RuntimeError(f"{ptr} names {path}, which is incomplete; remove {ptr} to start over")
+    return path
+
+
+def rng_state() -> dict:
+    import numpy as np
+    import torch
+    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict):
+    import numpy as np
+    import torch
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+# -----------------------------------------------------------------------------------------------
+# model
+
+
+def pick_device(cfg: Config) -> str:
+    import torch
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("device: cuda, but torch sees no GPU (torch.cuda.is_available() is False). "
+                         "Check nvidia-smi and that torch is a CUDA build, or run with --set device=cpu.")
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+def check_model_path(cfg: Config):
+    if cfg.model.build_tiny:
+        return
+    p = Path(cfg.model.path)
+    hub_id = not p.exists() and cfg.model.path.count("/") == 1 and not cfg.model.path.startswith((".", "/"))
+    if not hub_id and not (p / "config.json").exists():
+        raise SystemExit(f"model.path {cfg.model.path!r} is not a model directory (no config.json). Point "
+                         f"model.path at a Hugging Face model directory or a hub id (org/name), or set "
+                         f"model.build_tiny: true to build the tiny CPU model there.")
+
+
+def load_model(cfg: Config, device: str, resume: Path | None = None):
+    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    m = cfg.model
+    dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
+             "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
+    base_path = resume / "model" if (resume and not m.lora) else m.path
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
+    if m.lora:
+        from peft import LoraConfig, PeftModel, get_peft_model
+        if resume:
+            model = PeftModel.from_pretrained(model, resume / "model", is_trainable=True)
+        else:
+            model = get_peft_model(model, LoraConfig(
+                r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
+                target_modules=m.lora_target_modules, task_type="CAUSAL_LM"))
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if m.lora:
+            model.enable_input_require_grads()  # else checkpointed blocks see no input needing grad
+    model.config.use_cache = False
+    return model.to(device)
+
+
+def unwrap(model):
+    return model.module if hasattr(model, "module") else model
+
+
+def full_state_dict(model) -> dict | None:
+    """Gathered parameters (FSDP2 DTensors -> full tensors); plain models return their own."""
+    sd = unwrap(model).state_dict()
+    if any(type(v).__name__ == "DTensor" for v in sd.values()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return sd
+
+
+def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
+    """HF format as is: the full model, or the peft adapter (adapter_config.json + weights)."""
+    sd = state_dict if state_dict is not None else full_state_dict(model)
+    unwrap(model).save_pretrained(out, state_dict=sd, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+# -----------------------------------------------------------------------------------------------
+# logging: metrics.jsonl, TensorBoard when installed, curves PNG and one-screen summary at the end
+
+
+class RunLog:
+    def __init__(self, out_dir: Path, keep_until_step: int | None, tensorboard: bool):
+        self.path = out_dir / "metrics.jsonl"
+        self.records = []
+        if self.path.exists() and keep_until_step is not None:
+            # a resumed run rewrites history past its checkpoint, so no step appears twice
+            for line in self.path.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by the kill
+                    continue
+                if r.get("phase") == "sft" or r.get("step", 0) <= keep_until_step:
+                    self.records.append(r)
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        self.fh = open(self.path, "a")
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(out_dir / "tb"))
+            except ImportError:
+                pass
+
+    def log(self, rec: dict):
+        rec = {k: v for k, v in rec.items() if v is not None}
+        self.records.append(rec)
+        self.fh.write(json.dumps(rec) + "\n")
+        self.fh.flush()
+        if self.tb:
+            step = rec.get("step", 0)
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(f"{rec.get('phase', 'rl')}/{k}", v, step)
+
+    def close(self):
+        self.fh.close()
+        if self.tb:
+            self.tb.close()
+
+
+def plot_curves(records: list[dict], out: Path) -> str:
+    """PNG of reward / success / loss / eval success; returns a line for the summary."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "curves: matplotlib not installed, no PNG (pip install matplotlib)"
+    panels = [("sft", "loss", "SFT loss"), ("rl", "reward", "train reward"), ("rl", "loss", "RL loss"),
+              ("eval", "success", "held-out success")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3))
+    for ax, (phase, key, title) in zip(axes, panels):
+        pts = [(r["step"], r[key]) for r in records if r.get("phase") == phase and key in r]
+        if pts:
+            ax.plot(*zip(*pts), marker="o" if phase == "eval" else None)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return f"curves: {out}"
+
+
+def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
+    ev = [r for r in records if r.get("phase") == "eval"]
+    rl = [r for r in records if r.get("phase") == "rl"]
+    lines = ["=" * 72, f"run {out_dir}"]
+    if ev:
+        lines.append(f"held-out success: start {ev[0]['success']:.1%} (step {ev[0]['step']}) -> "
+                     f"end {ev[-1]['success']:.1%} (step {ev[-1]['step']}); best {max(r['success'] for r in ev):.1%}")
+    if rl:
+        first, last = rl[: max(1, len(rl) // 4)], rl[-max(1, len(rl) // 4):]
+        mean = lambda rs, k: sum(r.get(k, 0) for r in rs) / len(rs)  # noqa: E731
+        lines.append(f"train reward: first quarter {mean(first, 'reward'):.3f} -> last quarter {mean(last, 'reward'):.3f}"
+                     f" over {len(rl)} steps")
+        tok = sum(r.get("tokens", 0) for r in rl)
+        gaps = [r["sync_gap"] for r in rl if "sync_gap" in r]
+        lines.append(f"tokens trained: {tok:,}; padding {mean(rl, 'padding_frac'):.1%}; sync gap (mean |Δlogp|) "
+                     + (f"{sum(gaps) / len(gaps):.2e}" if gaps else "not checked"))
+        times = {k: sum(r.get(f"time/{k}", 0) for r in rl) for k in ("rollout", "train", "sync", "eval", "checkpoint")}
+        lines.append("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in times.items()) + f"; wall {wall_s / 60:.1f} min")
+    lines.append("=" * 72)
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """CPU thread count for a block run before the vLLM CPU engine starts (it pins threads after)."""
+    import torch
+    old = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+# -----------------------------------------------------------------------------------------------
+# one optimizer step on a batch, in token-budget micro-batches
+
+
+def _pad_to(x, T: int):
+    import torch
+    return torch.nn.functional.pad(x, (0, T - x.shape[1]))
+
+
+def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0, sft: bool = False) -> dict:
+    """One optimizer step on `batch` (RL: algo.policy_loss; SFT: NLL on loss_mask tokens).
+
+    Micro-batch losses are backpropagated with denominator 1 and the summed gradient divided by
+    the full batch's denominator afterwards: the gradient is linear in 1/denominator, so this is
+    exactly the full-batch loss without a separate π_old pass (π_old = the current weights when
+    updates_per_step is 1) and without holding every micro-batch's graph.
+    """
+    import torch
+    import torch.distributed as dist
+    import algo
+    dev = next(model.parameters()).device
+    T = batch.input_ids.shape[1]
+    lengths = batch.attention_mask.sum(1).tolist()
+    groups = pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
+    adv = keep = None
+    metrics: dict = {}
+    if not sft:
+        adv = algo.compute_advantages(batch, acfg)
+        keep, metrics = algo.keep_rows(batch, adv, acfg)
+    masks, mb_metrics, loss_sum = [], [], 0.0
+    opt.zero_grad(set_to_none=True)
+    model.train()
+    for i, rows in enumerate(groups):
+        mb, ex = select_rows(batch, rows, {"adv": adv} if adv is not None else {})
+        mb = mb.to(dev)
+        last = i == len(groups) - 1
+        sync_ctx = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
+        with sync_ctx:
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+            lp, ent = algo.token_logprobs(logits, mb.input_ids, temperature=temperature,
+                                          with_entropy=not sft and cfg.train.log_entropy,
+                                          entropy_grad=bool(acfg and acfg.entropy_coef))
+            del logits
+            if sft:
+                m = mb.loss_mask.float() * mb.valid[:, None]
+                loss = -(lp * m).sum()
+            else:
+                kmb, amb = keep[rows].to(dev), ex["adv"].to(dev)
+                old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+                rl, il, _, _ = algo.train_masks(mb, amb, acfg, old, kmb)
+                m = rl + il
+                loss, mm = algo.policy_loss(lp, mb, amb, acfg, ent, keep=kmb, denominator=1.0)
+                mb_metrics.append((len(rows), mm))
+            loss.backward()
+        loss_sum += float(loss.detach())
+        masks.append(_pad_to(m.detach().cpu(), T))
+    full_mask = torch.cat(masks)
+    if sft:
+        den = max(float(full_mask.sum()), 1.0)
+    else:
+        den = algo.aggregation_denominator(full_mask, acfg.agg, acfg.norm_length)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1:  # DDP averaged the gradients over ranks; the loss is a global sum / global denominator
+        t = torch.tensor([den, loss_sum], device=dev)
+        dist.all_reduce(t)
+        den, loss_sum = float(t[0]), float(t[1])
+    scale = world / den
+    params = [p for p in model.parameters() if p.grad is not None]
+    for p in params:
+        p.grad.mul_(scale)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    n = sum(r for r, _ in mb_metrics) or 1
+    for k in (mb_metrics[0][1] if mb_metrics else {}):
+        if k not in ("loss", "pg_loss", "imitation_loss", "kl_loss", "entropy_loss", "tokens_trained"):
+            metrics[k] = sum(r * m.get(k, 0.0) for r, m in mb_metrics) / n
+    metrics.update(loss=loss_sum / den, grad_norm=float(grad_norm), lr=sched.get_last_lr()[0],
+                   tokens=int(sum(lengths)), trained_tokens=int(full_mask.sum()),
+                   padding_frac=padding_fraction(lengths, groups), micro_batches=len(groups))
+    return metrics
+
+
+# -----------------------------------------------------------------------------------------------
+# engine, weight sync, eval
+
+
+def make_engine(cfg: Config, model_path, device: str):
+    import rollout
+    if cfg.engine.kind == "hf":
+        import torch
+        return rollout.HFEngine(model_path, dtype=torch.float32 if device == "cpu" else torch.bfloat16, device=device)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.engine.cpu_kvcache_gb))
+    dtype = "float32" if device == "cpu" else "bfloat16"  # match the trainer, so the sync gap means something
+    return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
+                              enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
+                              gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
+                              enforce_eager=cfg.engine.enforce_eager, **cfg.engine.extra)
+
+
+def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
+    """Full: copy every parameter into the engine in place. LoRA: save the adapter, hot-swap it."""
+    if cfg.model.lora:
+        import torch.distributed as dist
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        adir = out_dir / "adapters" / f"rank{rank}-v{version:06d}"
+        unwrap(model).save_pretrained(adir)
+        policy.load_lora(adir, version)
+        for old in sorted((out_dir / "adapters").glob(f"rank{rank}-v*"))[:-2]:  # the engine holds the newest
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        params = ((n, p.full_tensor() if hasattr(p, "full_tensor") else p)
+                  for n, p in unwrap(model).named_parameters())
+        policy.update_weights(params, version)
+
+
+def check_sync(model, policy, batch, n: int = 2) -> dict:
+    """Engine vs trainer log-probs on a few sampled sequences after a sync (a silent no-op sync shows here)."""
+    import torch
+    import algo
+    import rollout
+    rows = [i for i in range(len(batch)) if batch.valid[i] and batch.loss_mask[i].sum() > 0][:n]
+    if not rows:
+        return {}
+    seqs, lps, masks = [], [], []
+    dev = next(model.parameters()).device
+    model.eval()
+    with torch.no_grad():
+        for i in rows:
+            L = int(batch.attention_mask[i].sum())
+            ids = batch.input_ids[i:i + 1, :L].to(dev)
+            lp, _ = algo.token_logprobs(unwrap(model)(input_ids=ids, use_cache=False).logits, ids)
+            seqs.append(ids[0].tolist())
+            lps.append(lp[0].cpu())
+            masks.append(batch.loss_mask[i, :L])
+    model.train()
+    return rollout.sync_check(policy, seqs, lps, masks)
+
+
+def evaluate_success(policy, env, tasks, rcfg, cfg: Config) -> tuple[float, list]:
+    """Held-out success: eval.samples episodes per task at eval.temperature; invalid ones do not count."""
+    import rollout
+    ecfg = dataclasses.replace(rcfg, temperature=cfg.eval.temperature, prefill_prob=0.0,
+                               group_redundancy=0, max_staleness=None)
+    trajs = rollout.collect(tasks, policy, env, ecfg, group_size=cfg.eval.samples, group_id_start=10 ** 6,
+                            progress=False)
+    valid = [t for t in trajs if t.valid]
+    return sum(t.reward > 0 for t in valid) / max(1, len(valid)), trajs
+
+
+# -----------------------------------------------------------------------------------------------
+# setup helpers: tasks, docker, distributed
+
+
+def load_task_sets(cfg: Config):
+    import env
+    d = cfg.data
+    if d.train_tasks == "generated":
+        train = env.generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train")
+    else:
+        train = env.load_tasks(d.train_tasks)
+    if d.eval_tasks == "generated":
+        held = env.generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split)
+        seen = {t.instruction for t in train}
+        held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
+    elif d.eval_tasks:
+        held = env.load_tasks(d.eval_tasks)
+    else:
+        held = []
+    if not train:
+        raise SystemExit(f"data.train_tasks {d.train_tasks!r} gave no tasks")
+    return train, held[: cfg.eval.num_tasks]
+
+
+def make_env():
+    import env
+    try:
+        return env.Env()
+    except Exception as e:  # docker SDK errors differ by cause; the fix is the same
+        raise SystemExit(f"Docker is not reachable ({type(e).__name__}: {e}). Start the daemon (dockerd or "
+                         f"`systemctl start docker`) and make sure this user may use /var/run/docker.sock.")
+
+
+def oracle_corpus(tasks, system_prompt: str, n: int = 64) -> list[str]:
+    """Rendered oracle conversations of the train tasks: the tiny tokenizer learns merges for them."""
+    import rollout
+    import tiny
+    tok = tiny.train_tokenizer(tiny.default_corpus(), 512)  # only for the chat template
+    out = []
+    for t in tasks[:n]:
+        import env
+        msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": t.instruction}]
+        for c in env.oracle_commands(t):
+            msgs.append({"role": "assistant", "content": rollout.tool_call_text("bash", {"command": c})})
+            msgs.append({"role": "tool", "content": "[exit code: 0]"})
+        msgs.append({"role": "assistant", "content": rollout.tool_call_text("submit", {})})
+        out.append(tok.apply_chat_template(msgs, tools=rollout.TOOLS, tokenize=False))
+    return out
+
+
+def init_distributed(device: str) -> tuple[int, int]:
+    """(rank, world) under torchrun; (0, 1) otherwise."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    import torch
+    import torch.distributed as dist
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def wrap_parallel(model, cfg: Config, device: str):
+    """DDP, or FSDP2 (fully_shard every decoder layer, then the root)."""
+    import torch
+    if cfg.train.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+    for m in model.modules():
+        if type(m).__name__.endswith("DecoderLayer"):
+            fully_shard(m)
+    fully_shard(model)
+    return model
+
+
+def all_mean(values: list[float], world: int) -> list[float]:
+    if world == 1:
+        return values
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.float64, device="cuda" if torch.cuda.is_available() else "cpu")
+    dist.all_reduce(t)
+    return (t / world).tolist()
+
+
+# -----------------------------------------------------------------------------------------------
+# the run
+
+
+def sft_warm_start(cfg: Config, model, tok, env, tasks, rcfg, log, rank: int = 0):
+    """NLL on the assistant tokens of oracle trajectories, rendered exactly as the agent's own turns."""
+    import rollout
+    from tqdm import tqdm
+    with rollout.ScriptedPolicy(tok, "oracle") as oracle:  # real containers: real tool outputs
+        demos = rollout.collect(tasks, oracle, env, dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
+                                group_size=1, progress=rank == 0)
+    demos = [t for t in demos if t.valid and t.reward > 0]
+    if not demos:
+        raise SystemExit("SFT: no oracle trajectory passed its tests; check the tasks with `python env.py validate`")
+    opt, sched = make_optimizer(model, cfg.sft.lr, cfg.train.weight_decay, cfg.train.adam_betas,
+                                cfg.sft.warmup_steps, cfg.sft.steps, "cosine")
+    rng = random.Random(f"sft-{cfg.seed}")
+    bar = tqdm(range(cfg.sft.steps), desc="sft", disable=rank != 0)
+    for s in bar:
+        picked = rng.sample(demos, min(cfg.sft.batch_size, len(demos)))
+        with torch_threads(cfg.threads):
+            m = update(model, opt, sched, rollout.make_batch(picked, tok.pad_token_id), None, cfg, sft=True)
+        bar.set_postfix(loss=f"{m['loss']:.3f}")
+        if rank == 0:
+            log.log({"phase": "sft", "step": s, **m})
+
+
+def run(cfg: Config, resume: bool = False) -> dict:
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+    import rollout
+
+    t_start = time.time()
+    device = pick_device(cfg)
+    rank, world = init_distributed(device)
+    out = Path(cfg.out_dir)
+    ckpt_root = out / "checkpoints"
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)
+    rcfg.seed = cfg.seed
+    rcfg.max_staleness = cfg.train.max_staleness if cfg.train.mode == "async" else None
+    train_tasks, eval_tasks = load_task_sets(cfg)
+    if cfg.model.build_tiny and rank == 0:
+        import tiny
+        tiny.build_tiny_model(cfg.model.path, corpus=oracle_corpus(train_tasks, rcfg.system_prompt),
+                              **{"seed": cfg.seed, **cfg.model.tiny})
+    if world > 1:
+        torch.distributed.barrier()
+    check_model_path(cfg)
+    ckpt = latest_checkpoint(ckpt_root) if resume else None
+    state = torch.load(ckpt / "trainer.pt", weights_only=False) if ckpt else {}
+    if rank == 0:
+        (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0)
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    model = load_model(cfg, device, ckpt)
+    env = make_env()
+
+    if world > 1:
+        model = wrap_parallel(model, cfg, device)
+    opt = sched = None
+
+    def save(step):
+        st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
+        if opt is not None:
+            st.update(optimizer=opt.state_dict(), scheduler=sched.state_dict())
+        full = full_state_dict(model)  # collective under FSDP: every rank takes part
+        if rank == 0:
+            save_checkpoint(ckpt_root, step, lambda d: save_model(model, tok, d, full), st, cfg.checkpoint.keep_last)
+        if world > 1:
+            torch.distributed.barrier()
+        return ckpt_root / f"step_{step:06d}"
+
+    # --- optional SFT warm start on oracle trajectories (the paper trains SFT -> RL) -------------
+    if cfg.sft.steps and not state.get("sft_done"):
+        sft_warm_start(cfg, model, tok, env, train_tasks[: cfg.sft.num_tasks][rank::world], rcfg, log, rank)
+        ckpt = save(0)  # the SFT-only start: RL's step 0, and the engine's first weights
+
+    # --- RL: optimizer, engine, policy ---------------------------------------------------------
+    start = state.get("step", 0)
+    opt, sched = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas,
+                                cfg.train.warmup_steps, cfg.train.steps, cfg.train.lr_schedule)
+    if "optimizer" in state:
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+    if "rng" in state:
+        set_rng_state(state["rng"])
+    full_ckpt = ckpt is not None and not cfg.model.lora
+    engine = make_engine(cfg, ckpt / "model" if full_ckpt else cfg.model.path, device)
+    policy = rollout.Policy(engine, tok, version=start, template_kwargs=rcfg.chat_template_kwargs)
+    if ckpt is not None and cfg.model.lora:
+        policy.load_lora(ckpt / "model", start)
+
+    def evaluate_now(step):
+        t0 = time.time()
+        succ, trajs = evaluate_success(policy, env, eval_tasks[rank::world], rcfg, cfg)
+        succ = all_mean([succ], world)[0]
+        if rank == 0:
+            rollout.write_jsonl(trajs, out / "eval_trajectories.jsonl")
+            log.log({"phase": "eval", "step": step, "success": succ, "time/eval": time.time() - t0})
+        return succ, time.time() - t0
+
+    eval_succ = None
+    if eval_tasks and cfg.eval.at_start and not any(r.get("phase") == "eval" and r["step"] == start for r in log.records):
+        eval_succ, _ = evaluate_now(start)
+
+    # async: a producer thread rolls out step s+1.. while the trainer updates on step s
+    produced: "queue.Queue" = None
+    stop = threading.Event()
+
+    def rollout_step(s):
+        tasks = step_tasks(train_tasks, s, cfg.train.tasks_per_step, cfg.seed)[rank::world]
+        g0, t0 = policy.gen_busy_s, time.time()
+        trajs = rollout.collect(tasks, policy, env, rcfg, group_size=cfg.train.group_size,
+                                group_id_start=s * cfg.train.tasks_per_step, progress=False)
+        return s, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
+
+    if cfg.train.mode == "async":
+        import queue
+        produced = queue.Queue(maxsize=max(1, cfg.train.max_staleness))
+
+        def producer():
+            for s in range(start, cfg.train.steps):
+                if stop.is_set():
+                    return
+                item = rollout_step(s)
+                while not stop.is_set():
+                    try:
+                        produced.put(item, timeout=0.5)
+                        break
+                    except queue.Full:
+                        pass
+        threading.Thread(target=producer, name="rollout-producer", daemon=True).start()
+
+    bar = tqdm(range(start, cfg.train.steps), desc="rl", initial=start, total=cfg.train.steps, disable=rank != 0)
+    for step in bar:
+        # 1. rollout (engine awake)
+        if produced is not None:
+            s, tasks, trajs, t_roll, t_gen = produced.get()
+            assert s == step, f"async producer is at step {s}, trainer at {step}"
+            trajs, n_stale = rollout.drop_stale(trajs, policy.version, cfg.train.max_staleness)
+        else:
+            policy.wake()
+            s, tasks, trajs, t_roll, t_gen = rollout_step(step)
+            n_stale = 0
+        rollout.write_jsonl(trajs, out / (f"trajectories.rank{rank}.jsonl" if world > 1 else "trajectories.jsonl"))
+        valid = [t for t in trajs if t.valid]
+        reward = sum(t.reward for t in valid) / max(1, len(valid))
+        success = sum(t.reward > 0 for t in valid) / max(1, len(valid))
+        reward, success = all_mean([reward, success], world)
+        # 2. advantages + 3. engine sleeps + 4. update in micro-batches
+        t0 = time.time()
+        if cfg.train.mode == "sync":
+            policy.sleep()
+        m = {}
+        if valid:
+            batch = rollout.make_batch(trajs, tok.pad_token_id)
+            for _ in range(cfg.train.updates_per_step):
+                m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
+        t_train = time.time() - t0
+        # 5. sync weights into the engine, 6. check the engine now computes what the trainer does
+        t0 = time.time()
+        sync_weights(model, policy, cfg, out, step + 1)
+        t_sync = time.time() - t0
+        # vLLM's CPU LoRA kernels fail on prompt log-probs (punica_cpu einsum), so no score-based check there
+        can_check = valid and not (cfg.model.lora and cfg.engine.kind == "vllm" and device == "cpu")
+        gap = check_sync(model, policy, batch) if cfg.train.sync_check and can_check else {}
+        # 7. eval now and then, 8. checkpoint, 9. log
+        t_eval = 0.0
+        done = step + 1
+        if eval_tasks and ((cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps):
+            eval_succ, t_eval = evaluate_now(done)
+        t0 = time.time()
+        if done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
+            save(done)
+        t_ckpt = time.time() - t0
+        rec = {"phase": "rl", "step": done, "reward": reward, "success": success, "tasks": [t.name for t in tasks],
+               "episodes": len(trajs), "dropped_stale": n_stale, "policy_version": policy.version, **m,
+               "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
+               "time/rollout": t_roll, "time/generation": t_gen, "time/env": max(0.0, t_roll - t_gen),
+               "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
+               **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()}}
+        if rank == 0:
+            log.log(rec)
+        bar.set_postfix(reward=f"{reward:.2f}", success=f"{success:.0%}",
+                        eval="-" if eval_succ is None else f"{eval_succ:.0%}")
+    stop.set()
+    policy.close()
+    env.close()
+    result = {"records": log.records, "wall_s": time.time() - t_start}
+    if rank == 0:
+        line = plot_curves(log.records, out / "curves.png") if cfg.plot else ""
+        text = summary(log.records, result["wall_s"], out) + ("\n" + line if line else "")
+        (out / "summary.txt").write_text(text + "\n")
+        print(text)
+    log.close()
+    return result
+
+
+def dry_run(cfg: Config) -> int:
+    """Check config, tasks, model path, GPU and Docker without training; print what would run."""
+    import torch
+    problems = []
+    device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        problems.append("device: cuda but torch sees no GPU")
+    try:
+        train, held = load_task_sets(cfg)
+        print(f"tasks: {len(train)} train, {len(held)} eval")
+    except Exception as e:
+        problems.append(f"tasks: {e}")
+        train = []
+    if cfg.model.build_tiny:
+        print(f"model: tiny model will be built at {cfg.model.path}")
+    else:
+        try:
+            check_model_path(cfg)
+            print(f"model: {cfg.model.path}")
+        except SystemExit as e:
+            problems.append(str(e))
+    try:
+        import docker
+        client = docker.from_env()
+        client.ping()
+        images = {t.image for t in train if t.image}
+        for img in images:
+            try:
+                client.images.get(img)
+            except docker.errors.ImageNotFound:
+                problems.append(f"docker image {img} missing (build it: docker build -t {img} tasks/base)")
+        print(f"docker: reachable, {len(images)} base image(s) checked")
+    except Exception as e:
+        problems.append(f"docker: not reachable ({type(e).__name__}: {e}); start dockerd")
+    print(f"device: {device}; engine: {cfg.engine.kind}; {'LoRA' if cfg.model.lora else 'full'} fine-tuning; "
+          f"algo: {algo_cfg(cfg).loss}; mode: {cfg.train.mode}; steps: sft {cfg.sft.steps}, rl {cfg.train.steps} "
+          f"x {cfg.train.tasks_per_step} tasks x {cfg.train.group_size}; out: {cfg.out_dir}")
+    for p in problems:
+        print(f"PROBLEM: {p}")
+    print("dry run: OK" if not problems else f"dry run: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="YAML file (see configs/)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key, e.g. --set train.lr=1e-5 (repeatable)")
+    ap.add_argument("--dry-run", action="store_true", help="check config, tasks, model path, docker; do not train")
+    ap.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/latest")
+    a = ap.parse_args(argv)
+    try:
+        cfg = load_config(a.config, a.set)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}")
+    if a.dry_run:
+        raise SystemExit(dry_run(cfg))
+    run(cfg, resume=a.resume)
+
+
+if __name__ == "__main__":
+    main()
