@@ -260,6 +260,9 @@ class VLLMEngine:
     def __init__(self, model, dtype="auto", max_model_len=4096, enable_lora=False, max_lora_rank=16,
                  gpu_memory_utilization=0.5, seed=0, enable_prefix_caching=True, **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights are passed by reference
+        # vLLM CPU pins its OpenMP threads to cores; beside a trainer and containers on a small
+        # machine that serialises everything (0.38 s vs 0.02 s per decode step, measured on 2 cores).
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from vllm import LLM
         from vllm.platforms import current_platform
 
