@@ -710,11 +710,12 @@ def sampling_settings(rcfg, model: dict, tasks_spec) -> dict:
 
 
 def cmd_run(args):
+    import config
     import env
-    import train  # config loading lives there; imported here so train.py may import this module
+    import train  # its task sets; imported here so train.py may import this module
 
-    cfg = train.load_config(args.config, args.set)
-    rcfg = train.rollout_cfg(cfg)
+    cfg = config.load_config(args.config, args.set)
+    rcfg = config.rollout_cfg(cfg)
     # no --tasks: the config's held-out set, exactly as train.py's periodic eval draws it
     tasks = env.load_tasks(args.tasks) if args.tasks else train.load_task_sets(cfg)[1]
     policy, model = build_policy(cfg, rcfg, args.model, args.policy)

@@ -9,6 +9,7 @@
 One RL step, as in ROLL's agentic pipeline (arXiv 2512.24873, §3):
     rollout (engine awake) -> advantages -> engine sleeps -> update in token-budget micro-batches
     -> sync weights into the engine -> sync check -> eval now and then -> checkpoint -> log
+Every config key, with its default, is in config.py.
 With `train.mode: async`, episodes keep running in a background thread while the trainer steps;
 a trajectory started more than `train.max_staleness` policy versions ago is dropped.
 
@@ -20,7 +21,6 @@ trainer built for it (alibaba/ROLL, volcengine/verl) -- this file deliberately s
 import argparse
 import contextlib
 import dataclasses
-import difflib
 import json
 import math
 import os
@@ -28,281 +28,15 @@ import random
 import shutil
 import threading
 import time
-import types
-import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, rollout_cfg
+
 # vLLM runs in this process (weights are shared with the trainer through update_weights).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-class ConfigError(ValueError):
-    """A config file or --set override is wrong; the message says which key and how to fix it."""
-
-
-# -----------------------------------------------------------------------------------------------
-# config: nested dataclasses, every knob with its default; YAML and --set fill them in
-
-
-@dataclass
-class ModelConfig:
-    path: str = "out/tiny"                 # Hugging Face model directory (or a name in the local HF cache)
-    build_tiny: bool = False               # build tiny.py's model into `path` first (no downloads)
-    tiny: dict = field(default_factory=dict)  # extra kwargs for tiny.build_tiny_model (hidden_size, ...)
-    lora: bool = False                     # train a LoRA adapter (peft) instead of all weights
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    gradient_checkpointing: bool = False
-    dtype: str = "auto"                    # auto = bf16 on GPU, fp32 on CPU; or float32 / bfloat16
-
-
-@dataclass
-class EngineConfig:
-    kind: str = "vllm"                     # vllm | hf (transformers generate; slow, no vLLM needed)
-    gpu_memory_utilization: float = 0.5    # colocated with the trainer: leave room for it
-    cpu_kvcache_gb: int = 1                # VLLM_CPU_KVCACHE_SPACE on CPU
-    max_model_len: int = 4096
-    enforce_eager: bool = True             # CUDA graphs cost start-up time and memory for little gain here
-    sleep: bool = True                     # free engine memory while the trainer steps (GPU only)
-    extra: dict = field(default_factory=dict)  # passed to the engine constructor as is
-
-
-@dataclass
-class DataConfig:
-    train_tasks: str = "generated"         # "generated" (env.generate_easy_tasks) or a task dir / list file
-    eval_tasks: str = "generated"          # same, drawn with eval_split / eval_seed
-    num_generated_train: int = 64
-    num_generated_eval: int = 32
-    generated_seed: int = 0
-    eval_split: str = "heldout"            # generated eval tasks: "heldout" = unseen names and words;
-    #                                        "train" = the train vocabulary in new combinations (eval_seed)
-    eval_seed: int = 0
-
-
-@dataclass
-class SFTConfig:
-    steps: int = 0                         # optimizer steps of SFT warm start on oracle trajectories; 0 = none
-    num_tasks: int = 64                    # oracle trajectories collected from the train tasks
-    batch_size: int = 16                   # trajectories per optimizer step
-    lr: float = 1e-3
-    warmup_steps: int = 5
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 20                        # RL steps (one rollout batch + one update each)
-    tasks_per_step: int = 4                # distinct tasks per step ...
-    group_size: int = 4                    # ... each rolled out this many times (the GRPO group)
-    lr: float = 1e-5
-    lr_schedule: str = "constant"          # constant | cosine (after linear warmup)
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 8192         # padded tokens per forward/backward (micro-batches by budget)
-    updates_per_step: int = 1              # optimizer steps per rollout batch (>1 costs a π_old pass)
-    mode: str = "sync"                     # sync (on-policy) | async (rollouts overlap training)
-    max_staleness: int = 1                 # async: drop trajectories > this many versions old
-    parallel: str = "ddp"                  # under torchrun: ddp | fsdp
-    sync_check: bool = True                # after each sync, compare engine and trainer log-probs
-    log_entropy: bool = True               # entropy metric (a softmax over the vocab per token)
-
-
-@dataclass
-class EvalConfig:
-    every: int = 5                         # RL steps between evals (0 = only at start and end)
-    num_tasks: int = 32                    # held-out tasks per eval (<= data.num_generated_eval)
-    temperature: float = 0.0               # 0 = greedy: a stable success figure
-    samples: int = 1                       # episodes per task (with temperature > 0: pass@1 over k samples)
-    at_start: bool = True
-
-
-@dataclass
-class CheckpointConfig:
-    every: int = 5                         # RL steps between checkpoints (and always at the end)
-    keep_last: int = 3
-
-
-@dataclass
-class Config:
-    run_name: str = "run"
-    out_dir: str = ""                      # default runs/<run_name>
-    seed: int = 0
-    device: str = "auto"                   # auto | cpu | cuda
-    threads: int = 0                       # torch CPU threads for SFT; 0 = default. On a shared, oversubscribed
-    #                                        CPU 1 can be 10x faster than 2. (Once the vLLM CPU engine starts
-    #                                        it pins torch's threads for the rest of the process.)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    rollout: dict = field(default_factory=dict)   # -> rollout.RolloutConfig (checked against it)
-    algo: dict = field(default_factory=dict)      # -> algo.AlgoConfig (checked against it)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    tensorboard: bool = True                # when tensorboard is installed
-    plot: bool = True                       # PNG of curves at the end, when matplotlib is installed
-
-
-def _all_keys(cls, prefix="") -> list[str]:
-    out = []
-    for f in dataclasses.fields(cls):
-        t = typing.get_type_hints(cls)[f.name]
-        out.append(prefix + f.name)
-        if dataclasses.is_dataclass(t):
-            out += _all_keys(t, prefix + f.name + ".")
-    return out
-
-
-def _coerce(value, tp, key):
-    """Check/convert one leaf value to its annotated type; error names the key and the type."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for a in args:
-            if a is not type(None):
-                return _coerce(value, a, key)
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}' expects a list, got {value!r}")
-        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else list(value)
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"config key '{key}' expects a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-    else:
-        return value
-    raise ConfigError(f"config key '{key}' expects {getattr(tp, '__name__', tp)}, got {value!r} "
-                      f"({type(value).__name__})")
-
-
-def _unknown(key: str, valid: list[str], all_valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, all_valid, n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys here: {', '.join(valid)}"
-    return ConfigError(f"unknown config key '{key}'{hint}")
-
-
-def dataclass_from_dict(cls, d: dict, prefix: str = "", all_valid: list[str] | None = None):
-    """Build `cls` from a nested dict; unknown keys and wrong types raise ConfigError."""
-    if d is None:
-        d = {}
-    if not isinstance(d, dict):
-        raise ConfigError(f"config key '{prefix.rstrip('.') or '<root>'}' expects a mapping, got {d!r}")
-    all_valid = all_valid or [prefix + k for k in _all_keys(cls)]
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for k, v in d.items():
-        if k not in names:
-            raise _unknown(prefix + str(k), names, all_valid)
-        tp = hints[k]
-        if dataclasses.is_dataclass(tp):
-            kwargs[k] = dataclass_from_dict(tp, v, prefix + k + ".", all_valid)
-        else:
-            kwargs[k] = _coerce(v, tp, prefix + k)
-    try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as e:  # the section's own checks (e.g. AlgoConfig.__post_init__)
-        raise ConfigError(str(e)) from None
-
-
-def parse_overrides(pairs: list[str]) -> dict:
-    """`a.b=v` strings -> nested dict; values parsed as YAML (3 -> int, true -> bool, [1,2] -> list)."""
-    out: dict = {}
-    for p in pairs:
-        if "=" not in p:
-            raise ConfigError(f"--set {p!r}: expected key=value, e.g. --set train.lr=1e-5")
-        key, raw = p.split("=", 1)
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {p!r}: '{part}' is set twice, once as a value")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
-    return out
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """YAML file + `--set` overrides -> Config; the rollout/algo sections are checked against their dataclasses."""
-    raw = {}
-    if path:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config file {path} not found (see configs/ for examples)")
-        raw = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
-    raw = deep_merge(raw, parse_overrides(list(overrides)))
-    cfg = dataclass_from_dict(Config, raw)
-    rollout_cfg(cfg), algo_cfg(cfg)  # validate the nested sections now, not at step 1
-    for name, val, allowed in [("train.mode", cfg.train.mode, ("sync", "async")),
-                               ("train.parallel", cfg.train.parallel, ("ddp", "fsdp")),
-                               ("train.lr_schedule", cfg.train.lr_schedule, ("constant", "cosine")),
-                               ("engine.kind", cfg.engine.kind, ("vllm", "hf")),
-                               ("data.eval_split", cfg.data.eval_split, ("train", "heldout")),
-                               ("device", cfg.device, ("auto", "cpu", "cuda")),
-                               ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16"))]:
-        if val not in allowed:
-            raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
-    if cfg.train.group_size < 1 or cfg.train.tasks_per_step < 1:
-        raise ConfigError("train.group_size and train.tasks_per_step must be >= 1")
-    if cfg.train.micro_batch_tokens < 1:
-        raise ConfigError("train.micro_batch_tokens must be >= 1")
-    if not cfg.out_dir:
-        cfg.out_dir = f"runs/{cfg.run_name}"
-    return cfg
-
-
-def rollout_cfg(cfg: Config):
-    import rollout
-    return dataclass_from_dict(rollout.RolloutConfig, cfg.rollout, "rollout.")
-
-
-def algo_cfg(cfg: Config):
-    import algo
-    return dataclass_from_dict(algo.AlgoConfig, cfg.algo, "algo.")
-
-
-def config_to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
 
 
 # -----------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ def throughput(cfg, repeats: int):
     import torch
     from transformers import AutoTokenizer
     import env as envmod
+    import config
     import rollout
     import train
 
@@ -53,7 +54,7 @@ def throughput(cfg, repeats: int):
         cfg.model.path = str(tiny.build_tiny_model(ROOT / "out" / "bench-tiny", **cfg.model.tiny))
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     tasks = envmod.generate_easy_tasks(16, seed=1)
-    rcfg = train.rollout_cfg(cfg)
+    rcfg = config.rollout_cfg(cfg)
     trajs = []
     with envmod.Env() as env:
         for mode in ("oracle", "garbage"):
@@ -67,7 +68,7 @@ def throughput(cfg, repeats: int):
     groups = train.pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
     per = max(1, len(lengths) * cfg.train.micro_batch_tokens // (max(lengths) * len(lengths)))
     naive = [list(range(i, min(i + per, len(lengths)))) for i in range(0, len(lengths), per)]
-    acfg = train.algo_cfg(cfg)
+    acfg = config.algo_cfg(cfg)
     model = train.load_model(cfg, "cpu")
     opt, sched = train.make_optimizer(model, 1e-5, 0.0, [0.9, 0.999], 0, 100, "constant")
 
@@ -102,7 +103,7 @@ def throughput(cfg, repeats: int):
 
 def main():
     import argparse
-    import train
+    import config
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "tiny.yaml"))
     ap.add_argument("--set", action="append", default=[])
@@ -111,7 +112,7 @@ def main():
     ap.add_argument("--metrics", help="print the time split of this finished run's metrics.jsonl instead of running")
     a = ap.parse_args()
     out = tempfile.mkdtemp(prefix="bench_train_")
-    cfg = train.load_config(a.config, [f"out_dir={out}"] + a.set)
+    cfg = config.load_config(a.config, [f"out_dir={out}"] + a.set)
     if a.steps or a.metrics:
         time_split(cfg, a.steps, a.metrics)
     throughput(cfg, a.repeats)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import algo
+import config
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- config ---------------------------------------------------------------------------------
 
 def test_config_loads_and_overrides():
-    cfg = train.load_config(ROOT / "configs" / "tiny.yaml", ["train.steps=3", "train.lr=1e-5", "algo.loss=ppo"])
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["train.steps=3", "train.lr=1e-5", "algo.loss=ppo"])
     assert cfg.train.steps == 3 and cfg.train.lr == 1e-5 and cfg.algo["loss"] == "ppo"
     assert cfg.out_dir == "runs/tiny"
 
@@ -38,8 +39,8 @@ def test_config_loads_and_overrides():
     ("nonsense", "expected key=value"),
 ])
 def test_config_errors_name_the_key(override, needle):
-    with pytest.raises(train.ConfigError) as e:
-        train.load_config(ROOT / "configs" / "tiny.yaml", [override])
+    with pytest.raises(config.ConfigError) as e:
+        config.load_config(ROOT / "configs" / "tiny.yaml", [override])
     assert needle in str(e.value)
 
 
@@ -47,7 +48,7 @@ def test_every_shipped_config_loads():
     paths = sorted((ROOT / "configs").glob("*.yaml"))
     assert len(paths) >= 5
     for p in paths:
-        train.load_config(p)
+        config.load_config(p)
 
 
 def test_dry_run_cli_reports_a_missing_model(tmp_path):
@@ -106,9 +107,9 @@ def _synthetic_batch(vocab, seed=0):
 @pytest.mark.parametrize("sft", [False, True])
 def test_micro_batching_gives_the_full_batch_update(tiny_model_dir, sft):
     """Same loss, gradient norm and weights after one step in one micro-batch or in several."""
-    cfg = train.load_config(ROOT / "configs" / "tiny.yaml",
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
                             ["algo.baseline=grpo", "algo.mismatch=none", f"model.path={tiny_model_dir}"])
-    acfg = None if sft else train.algo_cfg(cfg)
+    acfg = None if sft else config.algo_cfg(cfg)
     results = []
     for budget in (10_000, 45):
         cfg.train.micro_batch_tokens = budget
@@ -161,7 +162,7 @@ def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_pat
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     for lora in (False, True):
-        cfg = train.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}", f"model.lora={lora}"])
+        cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}", f"model.lora={lora}"])
         model = train.load_model(cfg, "cpu")
         ckpt = train.save_checkpoint(tmp_path / f"lora{lora}", 1, lambda d: train.save_model(model, tok, d),
                                      {"step": 1}, 1)
@@ -220,7 +221,7 @@ def test_short_run_then_sigkill_and_resume_keeps_data_order(tiny_model_dir, tmp_
     assert killed_at and killed_at[-1] < 3, "the kill came too late to test resuming"
     subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env, check=True, timeout=900, capture_output=True)
 
-    cfg = train.load_config(ROOT / "configs" / "tiny.yaml", overrides)
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", overrides)
     tasks, _ = train.load_task_sets(cfg)
     expected = {s + 1: [t.name for t in train.step_tasks(tasks, s, 2, cfg.seed)] for s in range(3)}
     assert _rl_tasks(out) == expected
