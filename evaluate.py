@@ -391,10 +391,9 @@ def episode_steps(t) -> list[Step]:
         call = m.get("tool_call")
         nxt = msgs[i + 1] if i + 1 < len(msgs) else None
         if not call:
-            # invalid: answered by an error message, or the one that ended the episode; a turn
-            # cut by the token limit is not a tool-call error
-            if (nxt is not None and nxt.get("role") == "user") or (
-                    nxt is None and _get(t, "finish_reason") == "invalid_tool_calls"):
+            # invalid: answered by rollout's error message (a tool message), or the one that
+            # ended the episode; a turn cut by the token limit ends it too but is no tool-call error
+            if nxt is not None or _get(t, "finish_reason") == "invalid_tool_calls":
                 steps.append(Step(None))
             continue
         if call.get("name") != "bash":

@@ -127,7 +127,8 @@ def _episode(commands, task="t", reward=0.0, exit_codes=None, timeouts=(), inval
     for _ in range(invalid):
         text = "<tool_call>{not json</tool_call>"
         assert rollout.parse_tool_call(text)[0] is None
-        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "Error: ..."}]
+        # rollout.run_episode answers an invalid call with a *tool* message carrying the error
+        msgs += [{"role": "assistant", "content": text}, {"role": "tool", "content": "Error: ..."}]
     submit, _ = rollout.parse_tool_call(rollout.tool_call_text("submit", {}))
     msgs.append({"role": "assistant", "content": "", "tool_call": submit})
     return {"task_name": task, "reward": reward, "valid": True, "finish_reason": "submitted",
