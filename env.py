@@ -253,7 +253,7 @@ def _easy_one(kind: str, rng: random.Random, split: str) -> tuple[str, str, str,
     body = "\n".join(lines)
     make_f = f"printf '%s\\n' {' '.join(lines)} > {f}"
     if kind == "create":
-        return (f"Create the file {f} containing the line: {w1} {w2}", "", f"echo '{w1} {w2}' > {f}",
+        return (f"Create the file {f} containing the line: {w1} {w2}", "", f"echo {w1} {w2} > {f}",
                 [("content", f'[ "$(cat {f})" = "{w1} {w2}" ]')])
     if kind == "count":
         return (f"Count the lines in {f} and write the number to {g}", make_f, f"wc -l < {f} > {g}",

@@ -266,6 +266,41 @@ def full_state_dict(model) -> dict | None:
     return sd
 
 
+def sharded(model) -> bool:
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+def optimizer_state(model, opt) -> dict:
+    """The optimizer state to checkpoint. Under FSDP2 it is gathered (keys are parameter names): one
+    rank's shard alone could not resume the others, nor a run with another number of ranks."""
+    if not sharded(model):
+        return opt.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model, opt, sd: dict):
+    if all(isinstance(k, int) for k in sd.get("state", {})):  # opt.state_dict(): one process or DDP wrote it
+        if sharded(model) and sd.get("state"):
+            raise SystemExit("this checkpoint's optimizer state is unsharded (written without FSDP); "
+                             "resume it with train.parallel: ddp or on one process")
+        opt.load_state_dict(sd)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    set_optimizer_state_dict(model, opt, sd, options=StateDictOptions(full_state_dict=True))
+
+
+def weights_fingerprint(model) -> list[float]:
+    """float64 (sum, sum of squares) of the full weights (what this rank's engine is given); ranks in
+    step agree bit for bit. Collective under FSDP2."""
+    import torch
+    s = torch.zeros(2, dtype=torch.float64)
+    for _, p in unwrap(model).named_parameters():
+        t = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double()
+        s += torch.stack([t.sum(), (t * t).sum()]).cpu()
+    return s.tolist()
+
+
 def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
     """HF format as is: the full model, or the peft adapter (adapter_config.json + weights)."""
     sd = state_dict if state_dict is not None else full_state_dict(model)
@@ -278,9 +313,12 @@ def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
 
 
 class RunLog:
-    def __init__(self, out_dir: Path, keep_until_step: int | None, tensorboard: bool):
+    def __init__(self, out_dir: Path, keep_until_step: int | None, tensorboard: bool, write: bool = True):
         self.path = out_dir / "metrics.jsonl"
         self.records = []
+        self.fh = self.tb = None
+        if not write:  # ranks > 0: rank 0 owns the file (decisions that read it come from rank 0)
+            return
         if self.path.exists() and keep_until_step is not None:
             # a resumed run rewrites history past its checkpoint, so no step appears twice
             for line in self.path.read_text().splitlines():
@@ -312,7 +350,8 @@ class RunLog:
                     self.tb.add_scalar(f"{rec.get('phase', 'rl')}/{k}", v, step)
 
     def close(self):
-        self.fh.close()
+        if self.fh:
+            self.fh.close()
         if self.tb:
             self.tb.close()
 
@@ -399,6 +438,12 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
     T = batch.input_ids.shape[1]
     lengths = batch.attention_mask.sum(1).tolist()
     groups = pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
+    n_real = len(groups)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1 and sharded(model):  # FSDP2 all-gathers in every forward: every rank runs as many micro-batches
+        t = torch.tensor([n_real], device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        groups += [groups[0]] * (int(t) - n_real)
     adv = keep = None
     metrics: dict = {}
     if not sft:
@@ -410,6 +455,7 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
     for i, rows in enumerate(groups):
         mb, ex = select_rows(batch, rows, {"adv": adv} if adv is not None else {})
         mb = mb.to(dev)
+        pad = i >= n_real  # one of those extra micro-batches: it keeps the collectives in step, adds nothing
         last = i == len(groups) - 1
         sync_ctx = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
         with sync_ctx:
@@ -427,8 +473,11 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
                 rl, il, _, _ = algo.train_masks(mb, amb, acfg, old, kmb)
                 m = rl + il
                 loss, mm = algo.policy_loss(lp, mb, amb, acfg, ent, keep=kmb, denominator=1.0)
-                mb_metrics.append((len(rows), mm))
-            loss.backward()
+                if not pad:
+                    mb_metrics.append((len(rows), mm))
+            (loss * 0 if pad else loss).backward()
+        if pad:
+            continue
         loss_sum += float(loss.detach())
         masks.append(_pad_to(m.detach().cpu(), T))
     full_mask = torch.cat(masks)
@@ -436,7 +485,6 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
         den = max(float(full_mask.sum()), 1.0)
     else:
         den = algo.aggregation_denominator(full_mask, acfg.agg, acfg.norm_length)
-    world = dist.get_world_size() if dist.is_initialized() else 1
     if world > 1:  # DDP averaged the gradients over ranks; the loss is a global sum / global denominator
         t = torch.tensor([den, loss_sum], device=dev)
         dist.all_reduce(t)
@@ -455,7 +503,7 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
             metrics[k] = sum(r * m.get(k, 0.0) for r, m in mb_metrics) / n
     metrics.update(loss=loss_sum / den, grad_norm=float(grad_norm), lr=sched.get_last_lr()[0],
                    tokens=int(sum(lengths)), trained_tokens=int(full_mask.sum()),
-                   padding_frac=padding_fraction(lengths, groups), micro_batches=len(groups))
+                   padding_frac=padding_fraction(lengths, groups[:n_real]), micro_batches=n_real)
     return metrics
 
 
@@ -497,11 +545,16 @@ def check_sync(model, policy, batch, n: int = 2) -> dict:
     import torch
     import algo
     import rollout
+    import torch.distributed as dist
     rows = [i for i in range(len(batch)) if batch.valid[i] and batch.loss_mask[i].sum() > 0][:n]
+    dev = next(model.parameters()).device
+    if dist.is_initialized() and sharded(model):  # each forward is a collective under FSDP2
+        t = torch.tensor([len(rows)], device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        rows = rows[:int(t)]
     if not rows:
         return {}
     seqs, lps, masks = [], [], []
-    dev = next(model.parameters()).device
     model.eval()
     with torch.no_grad():
         for i in rows:
@@ -511,6 +564,8 @@ def check_sync(model, policy, batch, n: int = 2) -> dict:
             seqs.append(ids[0].tolist())
             lps.append(lp[0].cpu())
             masks.append(batch.loss_mask[i, :L])
+    if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a forward without
+        model.reshard()            # backward; the optimizer and the state-dict APIs expect the shards
     model.train()
     return rollout.sync_check(policy, seqs, lps, masks)
 
@@ -559,7 +614,7 @@ def make_env():
                          f"`systemctl start docker`) and make sure this user may use /var/run/docker.sock.")
 
 
-def oracle_corpus(tasks, system_prompt: str, n: int = 64) -> list[str]:
+def oracle_corpus(tasks, system_prompt: str, n: int = 256) -> list[str]:
     """Rendered oracle conversations of the train tasks: the tiny tokenizer learns merges for them."""
     import rollout
     import tiny
@@ -602,14 +657,26 @@ def wrap_parallel(model, cfg: Config, device: str):
     return model
 
 
-def all_mean(values: list[float], world: int) -> list[float]:
+def all_mean(values: list[float], world: int, weight: float = 1.0) -> list[float]:
+    """Per-rank means -> the mean over all ranks' items, `weight` = this rank's item count (shares can differ)."""
     if world == 1:
         return values
     import torch
     import torch.distributed as dist
-    t = torch.tensor(values, dtype=torch.float64, device="cuda" if torch.cuda.is_available() else "cpu")
+    t = torch.tensor([v * weight for v in values] + [weight], dtype=torch.float64,
+                     device="cuda" if torch.cuda.is_available() else "cpu")
     dist.all_reduce(t)
-    return (t / world).tolist()
+    return (t[:-1] / t[-1].clamp(min=1e-12)).tolist()
+
+
+def from_rank0(obj, world: int):
+    """Rank 0's value on every rank: for decisions all ranks must take together."""
+    if world == 1:
+        return obj
+    import torch.distributed as dist
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 # -----------------------------------------------------------------------------------------------
@@ -618,20 +685,29 @@ def all_mean(values: list[float], world: int) -> list[float]:
 
 def sft_warm_start(cfg: Config, model, tok, env, tasks, rcfg, log, rank: int = 0):
     """NLL on the assistant tokens of oracle trajectories, rendered exactly as the agent's own turns."""
+    import torch.distributed as dist
     import rollout
     from tqdm import tqdm
     with rollout.ScriptedPolicy(tok, "oracle") as oracle:  # real containers: real tool outputs
         demos = rollout.collect(tasks, oracle, env, dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
                                 group_size=1, progress=rank == 0)
     demos = [t for t in demos if t.valid and t.reward > 0]
-    if not demos:
-        raise SystemExit("SFT: no oracle trajectory passed its tests; check the tasks with `python env.py validate`")
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1:
+        # every rank draws the same batches from all ranks' demos and trains on its share of each,
+        # so a step's batch is sft.batch_size trajectories whatever the number of ranks
+        parts = [None] * world
+        dist.all_gather_object(parts, demos)
+        demos = [t for part in parts for t in part]
+    if len(demos) < world:  # world >= 1: no demo at all is an error too
+        raise SystemExit(f"SFT: {len(demos)} oracle trajectories passed their tests (ranks: {world}); "
+                         f"check the tasks with `python env.py validate`")
     opt, sched = make_optimizer(model, cfg.sft.lr, cfg.train.weight_decay, cfg.train.adam_betas,
                                 cfg.sft.warmup_steps, cfg.sft.steps, "cosine")
     rng = random.Random(f"sft-{cfg.seed}")
     bar = tqdm(range(cfg.sft.steps), desc="sft", disable=rank != 0)
     for s in bar:
-        picked = rng.sample(demos, min(cfg.sft.batch_size, len(demos)))
+        picked = rng.sample(demos, min(cfg.sft.batch_size, len(demos)))[rank::world]
         with torch_threads(cfg.threads):
             m = update(model, opt, sched, rollout.make_batch(picked, tok.pad_token_id), None, cfg, sft=True)
         bar.set_postfix(loss=f"{m['loss']:.3f}")
@@ -648,6 +724,9 @@ def run(cfg: Config, resume: bool = False) -> dict:
     t_start = time.time()
     device = pick_device(cfg)
     rank, world = init_distributed(device)
+    if world > 1 and (cfg.train.tasks_per_step < world or (cfg.sft.steps and cfg.sft.batch_size < world)):
+        raise SystemExit(f"{world} ranks each train on a share of every batch: train.tasks_per_step "
+                         f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be >= {world}")
     out = Path(cfg.out_dir)
     ckpt_root = out / "checkpoints"
     out.mkdir(parents=True, exist_ok=True)
@@ -668,7 +747,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     state = torch.load(ckpt / "trainer.pt", weights_only=False) if ckpt else {}
     if rank == 0:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0)
+    log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = load_model(cfg, device, ckpt)
     env = make_env()
@@ -680,7 +759,14 @@ def run(cfg: Config, resume: bool = False) -> dict:
     def save(step):
         st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
         if opt is not None:
-            st.update(optimizer=opt.state_dict(), scheduler=sched.state_dict())
+            st.update(optimizer=optimizer_state(model, opt), scheduler=sched.state_dict())
+        if world > 1:  # a rank out of step (a missed all-reduce, a skipped update) would train on silently
+            fps = [None] * world
+            torch.distributed.all_gather_object(fps, weights_fingerprint(model))
+            if any(f != fps[0] for f in fps):
+                raise RuntimeError(f"step {step}: the ranks hold different weights (float64 sum, sum of squares "
+                                   f"per rank: {fps})")
+            st["rank_fingerprints"] = fps
         full = full_state_dict(model)  # collective under FSDP: every rank takes part
         if rank == 0:
             save_checkpoint(ckpt_root, step, lambda d: save_model(model, tok, d, full), st, cfg.checkpoint.keep_last)
@@ -698,7 +784,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     opt, sched = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas,
                                 cfg.train.warmup_steps, cfg.train.steps, cfg.train.lr_schedule)
     if "optimizer" in state:
-        opt.load_state_dict(state["optimizer"])
+        load_optimizer_state(model, opt, state["optimizer"])
         sched.load_state_dict(state["scheduler"])
     if "rng" in state:
         set_rng_state(state["rng"])
@@ -711,14 +797,15 @@ def run(cfg: Config, resume: bool = False) -> dict:
     def evaluate_now(step):
         t0 = time.time()
         succ, trajs = evaluate_success(policy, env, eval_tasks[rank::world], rcfg, cfg)
-        succ = all_mean([succ], world)[0]
+        succ = all_mean([succ], world, sum(t.valid for t in trajs))[0]
+        rollout.write_jsonl(trajs, out / (f"eval_trajectories.rank{rank}.jsonl" if world > 1 else "eval_trajectories.jsonl"))
         if rank == 0:
-            rollout.write_jsonl(trajs, out / "eval_trajectories.jsonl")
             log.log({"phase": "eval", "step": step, "success": succ, "time/eval": time.time() - t0})
         return succ, time.time() - t0
 
     eval_succ = None
-    if eval_tasks and cfg.eval.at_start and not any(r.get("phase") == "eval" and r["step"] == start for r in log.records):
+    if eval_tasks and cfg.eval.at_start and not from_rank0(
+            any(r.get("phase") == "eval" and r["step"] == start for r in log.records), world):
         eval_succ, _ = evaluate_now(start)
 
     # async: a producer thread rolls out step s+1.. while the trainer updates on step s
@@ -726,9 +813,9 @@ def run(cfg: Config, resume: bool = False) -> dict:
     stop = threading.Event()
 
     def rollout_step(s):
-        tasks = step_tasks(train_tasks, s, cfg.train.tasks_per_step, cfg.seed)[rank::world]
+        tasks = step_tasks(train_tasks, s, cfg.train.tasks_per_step, cfg.seed)  # logged whole; this rank's share:
         g0, t0 = policy.gen_busy_s, time.time()
-        trajs = rollout.collect(tasks, policy, env, rcfg, group_size=cfg.train.group_size,
+        trajs = rollout.collect(tasks[rank::world], policy, env, rcfg, group_size=cfg.train.group_size,
                                 group_id_start=s * cfg.train.tasks_per_step, progress=False)
         return s, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
 
@@ -764,13 +851,15 @@ def run(cfg: Config, resume: bool = False) -> dict:
         valid = [t for t in trajs if t.valid]
         reward = sum(t.reward for t in valid) / max(1, len(valid))
         success = sum(t.reward > 0 for t in valid) / max(1, len(valid))
-        reward, success = all_mean([reward, success], world)
+        reward, success = all_mean([reward, success], world, len(valid))
+        # every rank updates or none does (collectives); a rank with no valid trajectory has no batch
+        train_now = all_mean([float(bool(valid))], world)[0] == 1.0
         # 2. advantages + 3. engine sleeps + 4. update in micro-batches
         t0 = time.time()
         if cfg.train.mode == "sync":
             policy.sleep()
         m = {}
-        if valid:
+        if train_now:
             batch = rollout.make_batch(trajs, tok.pad_token_id)
             for _ in range(cfg.train.updates_per_step):
                 m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
@@ -780,7 +869,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
         sync_weights(model, policy, cfg, out, step + 1)
         t_sync = time.time() - t0
         # vLLM's CPU LoRA kernels fail on prompt log-probs (punica_cpu einsum), so no score-based check there
-        can_check = valid and not (cfg.model.lora and cfg.engine.kind == "vllm" and device == "cpu")
+        can_check = train_now and not (cfg.model.lora and cfg.engine.kind == "vllm" and device == "cpu")
         gap = check_sync(model, policy, batch) if cfg.train.sync_check and can_check else {}
         # 7. eval now and then, 8. checkpoint, 9. log
         t_eval = 0.0
@@ -791,12 +880,18 @@ def run(cfg: Config, resume: bool = False) -> dict:
         if done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
             save(done)
         t_ckpt = time.time() - t0
+        ranks = {}
+        if world > 1:  # a straggler rank sets everyone's pace
+            per = [None] * world
+            torch.distributed.all_gather_object(per, [len(trajs), t_roll, t_train])
+            ranks = {"episodes": sum(p[0] for p in per), "time/rollout_ranks": [p[1] for p in per],
+                     "time/train_ranks": [p[2] for p in per]}
         rec = {"phase": "rl", "step": done, "reward": reward, "success": success, "tasks": [t.name for t in tasks],
                "episodes": len(trajs), "dropped_stale": n_stale, "policy_version": policy.version, **m,
                "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
                "time/rollout": t_roll, "time/generation": t_gen, "time/env": max(0.0, t_roll - t_gen),
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
-               **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()}}
+               **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()}, **ranks}
         if rank == 0:
             log.log(rec)
         bar.set_postfix(reward=f"{reward:.2f}", success=f"{success:.0%}",

@@ -199,8 +199,8 @@ def test_short_run_then_sigkill_and_resume_keeps_data_order(tiny_model_dir, tmp_
                  "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=4",
                  "train.steps=3", "train.tasks_per_step=2", "train.group_size=2",
                  "rollout.max_turns=3", "rollout.max_tokens_per_turn=64",
-                 "eval.num_tasks=2", "eval.every=0", "checkpoint.every=1", "checkpoint.keep_last=2",
-                 "plot=false", f"out_dir={tmp_path / 'run'}"]
+                 "eval.num_tasks=2", "eval.samples=1", "eval.every=0", "checkpoint.every=1",
+                 "checkpoint.keep_last=2", f"out_dir={tmp_path / 'run'}"]
     cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     out = tmp_path / "run"
@@ -233,3 +233,46 @@ def test_short_run_then_sigkill_and_resume_keeps_data_order(tiny_model_dir, tmp_
     assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000002", "step_000003"]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000003"
     assert (out / "summary.txt").exists() and (out / "trajectories.jsonl").exists()
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib is a requirement
+
+
+# --- torchrun (slow): two gloo ranks, DDP and FSDP2 ------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_torchrun_two_ranks_stay_in_step_and_resume(parallel, tiny_model_dir, tmp_path):
+    """2 CPU ranks (gloo, transformers engines): SFT + 1 RL step, then --resume for a 2nd. Shares are
+    uneven (3 tasks, 3 SFT rows, tiny micro-batches), so ranks run different numbers of micro-batches.
+    Every checkpoint records both ranks' weight fingerprints, equal, and its model/ loads in
+    transformers with exactly those weights; metrics.jsonl has each step once, with the whole batch."""
+    import shutil
+    from transformers import AutoModelForCausalLM
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    out = tmp_path / "run"
+    overrides = ["model.build_tiny=false", f"model.path={model}", "threads=1", "engine.kind=hf",
+                 f"train.parallel={parallel}", "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=3",
+                 "train.steps=1", "train.tasks_per_step=3", "train.group_size=2", "train.micro_batch_tokens=300",
+                 "rollout.max_turns=2", "eval.num_tasks=0", "checkpoint.every=1", "checkpoint.keep_last=5",
+                 "plot=false", "tensorboard=false", f"out_dir={out}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for extra in ([], ["--set", "train.steps=2", "--resume"]):
+        r = subprocess.run(cmd + extra, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+    for step in (0, 1, 2):
+        ck = out / "checkpoints" / f"step_{step:06d}"
+        fps = torch.load(ck / "trainer.pt", weights_only=False)["rank_fingerprints"]
+        assert len(fps) == 2 and fps[0] == fps[1]
+        loaded = AutoModelForCausalLM.from_pretrained(ck / "model", dtype=torch.float32)
+        assert train.weights_fingerprint(loaded) == pytest.approx(fps[0], rel=1e-9)
+        if step == 0:  # SFT's gradients reached the weights (RL's are ~0 here: the untrained model fails every task)
+            assert fps[0] != train.weights_fingerprint(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32))
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["phase"], r["step"]) for r in recs] == [("sft", 0), ("sft", 1), ("rl", 1), ("rl", 2)]
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", overrides)
+    tasks, _ = train.load_task_sets(cfg)
+    assert [r["tasks"] for r in recs[2:]] == [[t.name for t in train.step_tasks(tasks, s, 3, 0)] for s in (0, 1)]
+    assert all(r["episodes"] == 6 and len(r["time/train_ranks"]) == 2 for r in recs[2:])
