@@ -370,7 +370,7 @@ def plot_curves(records: list[dict], out: Path) -> str:
     for ax, (phase, key, title) in zip(axes, panels):
         pts = [(r["step"], r[key]) for r in records if r.get("phase") == phase and key in r]
         if pts:
-            ax.plot(*zip(*pts), marker="o" if phase == "eval" else None)
+            ax.plot(*zip(*pts), marker="o" if phase == "eval" or len(pts) < 30 else None)  # a lone point shows
         ax.set_title(title)
         ax.set_xlabel("step")
     fig.tight_layout()
