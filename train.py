@@ -32,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+import distributed
 from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, rollout_cfg
 
 # vLLM runs in this process (weights are shared with the trainer through update_weights).
@@ -253,58 +254,10 @@ def load_model(cfg: Config, device: str, resume: Path | None = None):
     return model.to(device)
 
 
-def unwrap(model):
-    return model.module if hasattr(model, "module") else model
-
-
-def full_state_dict(model) -> dict | None:
-    """Gathered parameters (FSDP2 DTensors -> full tensors); plain models return their own."""
-    sd = unwrap(model).state_dict()
-    if any(type(v).__name__ == "DTensor" for v in sd.values()):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return sd
-
-
-def sharded(model) -> bool:
-    return any(type(p).__name__ == "DTensor" for p in model.parameters())
-
-
-def optimizer_state(model, opt) -> dict:
-    """The optimizer state to checkpoint. Under FSDP2 it is gathered (keys are parameter names): one
-    rank's shard alone could not resume the others, nor a run with another number of ranks."""
-    if not sharded(model):
-        return opt.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def load_optimizer_state(model, opt, sd: dict):
-    if all(isinstance(k, int) for k in sd.get("state", {})):  # opt.state_dict(): one process or DDP wrote it
-        if sharded(model) and sd.get("state"):
-            raise SystemExit("this checkpoint's optimizer state is unsharded (written without FSDP); "
-                             "resume it with train.parallel: ddp or on one process")
-        opt.load_state_dict(sd)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-    set_optimizer_state_dict(model, opt, sd, options=StateDictOptions(full_state_dict=True))
-
-
-def weights_fingerprint(model) -> list[float]:
-    """float64 (sum, sum of squares) of the full weights (what this rank's engine is given); ranks in
-    step agree bit for bit. Collective under FSDP2."""
-    import torch
-    s = torch.zeros(2, dtype=torch.float64)
-    for _, p in unwrap(model).named_parameters():
-        t = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double()
-        s += torch.stack([t.sum(), (t * t).sum()]).cpu()
-    return s.tolist()
-
-
 def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
     """HF format as is: the full model, or the peft adapter (adapter_config.json + weights)."""
-    sd = state_dict if state_dict is not None else full_state_dict(model)
-    unwrap(model).save_pretrained(out, state_dict=sd, safe_serialization=True)
+    sd = state_dict if state_dict is not None else distributed.full_state_dict(model)
+    distributed.unwrap(model).save_pretrained(out, state_dict=sd, safe_serialization=True)
     tokenizer.save_pretrained(out)
 
 
@@ -440,7 +393,7 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
     groups = pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
     n_real = len(groups)
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if world > 1 and sharded(model):  # FSDP2 all-gathers in every forward: every rank runs as many micro-batches
+    if world > 1 and distributed.sharded(model):  # FSDP2 all-gathers in every forward: every rank runs as many micro-batches
         t = torch.tensor([n_real], device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         groups += [groups[0]] * (int(t) - n_real)
@@ -530,13 +483,13 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
         import torch.distributed as dist
         rank = dist.get_rank() if dist.is_initialized() else 0
         adir = out_dir / "adapters" / f"rank{rank}-v{version:06d}"
-        unwrap(model).save_pretrained(adir)
+        distributed.unwrap(model).save_pretrained(adir)
         policy.load_lora(adir, version)
         for old in sorted((out_dir / "adapters").glob(f"rank{rank}-v*"))[:-2]:  # the engine holds the newest
             shutil.rmtree(old, ignore_errors=True)
     else:
         params = ((n, p.full_tensor() if hasattr(p, "full_tensor") else p)
-                  for n, p in unwrap(model).named_parameters())
+                  for n, p in distributed.unwrap(model).named_parameters())
         policy.update_weights(params, version)
 
 
@@ -548,7 +501,7 @@ def check_sync(model, policy, batch, n: int = 2) -> dict:
     import torch.distributed as dist
     rows = [i for i in range(len(batch)) if batch.valid[i] and batch.loss_mask[i].sum() > 0][:n]
     dev = next(model.parameters()).device
-    if dist.is_initialized() and sharded(model):  # each forward is a collective under FSDP2
+    if dist.is_initialized() and distributed.sharded(model):  # each forward is a collective under FSDP2
         t = torch.tensor([len(rows)], device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         rows = rows[:int(t)]
@@ -560,7 +513,7 @@ def check_sync(model, policy, batch, n: int = 2) -> dict:
         for i in rows:
             L = int(batch.attention_mask[i].sum())
             ids = batch.input_ids[i:i + 1, :L].to(dev)
-            lp, _ = algo.token_logprobs(unwrap(model)(input_ids=ids, use_cache=False).logits, ids)
+            lp, _ = algo.token_logprobs(distributed.unwrap(model)(input_ids=ids, use_cache=False).logits, ids)
             seqs.append(ids[0].tolist())
             lps.append(lp[0].cpu())
             masks.append(batch.loss_mask[i, :L])
@@ -631,54 +584,6 @@ def oracle_corpus(tasks, system_prompt: str, n: int = 256) -> list[str]:
     return out
 
 
-def init_distributed(device: str) -> tuple[int, int]:
-    """(rank, world) under torchrun; (0, 1) otherwise."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0, 1
-    import torch
-    import torch.distributed as dist
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
-def wrap_parallel(model, cfg: Config, device: str):
-    """DDP, or FSDP2 (fully_shard every decoder layer, then the root)."""
-    import torch
-    if cfg.train.parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        return DDP(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None)
-    from torch.distributed.fsdp import fully_shard
-    for m in model.modules():
-        if type(m).__name__.endswith("DecoderLayer"):
-            fully_shard(m)
-    fully_shard(model)
-    return model
-
-
-def all_mean(values: list[float], world: int, weight: float = 1.0) -> list[float]:
-    """Per-rank means -> the mean over all ranks' items, `weight` = this rank's item count (shares can differ)."""
-    if world == 1:
-        return values
-    import torch
-    import torch.distributed as dist
-    t = torch.tensor([v * weight for v in values] + [weight], dtype=torch.float64,
-                     device="cuda" if torch.cuda.is_available() else "cpu")
-    dist.all_reduce(t)
-    return (t[:-1] / t[-1].clamp(min=1e-12)).tolist()
-
-
-def from_rank0(obj, world: int):
-    """Rank 0's value on every rank: for decisions all ranks must take together."""
-    if world == 1:
-        return obj
-    import torch.distributed as dist
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 # -----------------------------------------------------------------------------------------------
 # the run
 
@@ -723,7 +628,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
 
     t_start = time.time()
     device = pick_device(cfg)
-    rank, world = init_distributed(device)
+    rank, world = distributed.init_distributed(device)
     if world > 1 and (cfg.train.tasks_per_step < world or (cfg.sft.steps and cfg.sft.batch_size < world)):
         raise SystemExit(f"{world} ranks each train on a share of every batch: train.tasks_per_step "
                          f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be >= {world}")
@@ -753,21 +658,21 @@ def run(cfg: Config, resume: bool = False) -> dict:
     env = make_env()
 
     if world > 1:
-        model = wrap_parallel(model, cfg, device)
+        model = distributed.wrap_parallel(model, cfg, device)
     opt = sched = None
 
     def save(step):
         st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
         if opt is not None:
-            st.update(optimizer=optimizer_state(model, opt), scheduler=sched.state_dict())
+            st.update(optimizer=distributed.optimizer_state(model, opt), scheduler=sched.state_dict())
         if world > 1:  # a rank out of step (a missed all-reduce, a skipped update) would train on silently
             fps = [None] * world
-            torch.distributed.all_gather_object(fps, weights_fingerprint(model))
+            torch.distributed.all_gather_object(fps, distributed.weights_fingerprint(model))
             if any(f != fps[0] for f in fps):
                 raise RuntimeError(f"step {step}: the ranks hold different weights (float64 sum, sum of squares "
                                    f"per rank: {fps})")
             st["rank_fingerprints"] = fps
-        full = full_state_dict(model)  # collective under FSDP: every rank takes part
+        full = distributed.full_state_dict(model)  # collective under FSDP: every rank takes part
         if rank == 0:
             save_checkpoint(ckpt_root, step, lambda d: save_model(model, tok, d, full), st, cfg.checkpoint.keep_last)
         if world > 1:
@@ -784,7 +689,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     opt, sched = make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas,
                                 cfg.train.warmup_steps, cfg.train.steps, cfg.train.lr_schedule)
     if "optimizer" in state:
-        load_optimizer_state(model, opt, state["optimizer"])
+        distributed.load_optimizer_state(model, opt, state["optimizer"])
         sched.load_state_dict(state["scheduler"])
     if "rng" in state:
         set_rng_state(state["rng"])
@@ -797,14 +702,14 @@ def run(cfg: Config, resume: bool = False) -> dict:
     def evaluate_now(step):
         t0 = time.time()
         succ, trajs = evaluate_success(policy, env, eval_tasks[rank::world], rcfg, cfg)
-        succ = all_mean([succ], world, sum(t.valid for t in trajs))[0]
+        succ = distributed.all_mean([succ], world, sum(t.valid for t in trajs))[0]
         rollout.write_jsonl(trajs, out / (f"eval_trajectories.rank{rank}.jsonl" if world > 1 else "eval_trajectories.jsonl"))
         if rank == 0:
             log.log({"phase": "eval", "step": step, "success": succ, "time/eval": time.time() - t0})
         return succ, time.time() - t0
 
     eval_succ = None
-    if eval_tasks and cfg.eval.at_start and not from_rank0(
+    if eval_tasks and cfg.eval.at_start and not distributed.from_rank0(
             any(r.get("phase") == "eval" and r["step"] == start for r in log.records), world):
         eval_succ, _ = evaluate_now(start)
 
@@ -851,9 +756,9 @@ def run(cfg: Config, resume: bool = False) -> dict:
         valid = [t for t in trajs if t.valid]
         reward = sum(t.reward for t in valid) / max(1, len(valid))
         success = sum(t.reward > 0 for t in valid) / max(1, len(valid))
-        reward, success = all_mean([reward, success], world, len(valid))
+        reward, success = distributed.all_mean([reward, success], world, len(valid))
         # every rank updates or none does (collectives); a rank with no valid trajectory has no batch
-        train_now = all_mean([float(bool(valid))], world)[0] == 1.0
+        train_now = distributed.all_mean([float(bool(valid))], world)[0] == 1.0
         # 2. advantages + 3. engine sleeps + 4. update in micro-batches
         t0 = time.time()
         if cfg.train.mode == "sync":

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import algo
+import distributed
 import config
 import train
 
@@ -267,9 +268,9 @@ def test_torchrun_two_ranks_stay_in_step_and_resume(parallel, tiny_model_dir, tm
         fps = torch.load(ck / "trainer.pt", weights_only=False)["rank_fingerprints"]
         assert len(fps) == 2 and fps[0] == fps[1]
         loaded = AutoModelForCausalLM.from_pretrained(ck / "model", dtype=torch.float32)
-        assert train.weights_fingerprint(loaded) == pytest.approx(fps[0], rel=1e-9)
+        assert distributed.weights_fingerprint(loaded) == pytest.approx(fps[0], rel=1e-9)
         if step == 0:  # SFT's gradients reached the weights (RL's are ~0 here: the untrained model fails every task)
-            assert fps[0] != train.weights_fingerprint(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32))
+            assert fps[0] != distributed.weights_fingerprint(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32))
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["step"]) for r in recs] == [("sft", 0), ("sft", 1), ("rl", 1), ("rl", 2)]
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", overrides)

@@ -1,0 +1,102 @@
+"""One box, many GPUs: what train.py needs under torchrun (DDP or FSDP2), kept apart so the loop
+stays readable. Every function is a no-op or the identity for a single process.
+
+    torchrun --nproc-per-node 8 train.py --config configs/qwen3-full-8gpu.yaml
+"""
+import os
+
+
+def unwrap(model):
+    return model.module if hasattr(model, "module") else model
+
+
+def full_state_dict(model) -> dict | None:
+    """Gathered parameters (FSDP2 DTensors -> full tensors); plain models return their own."""
+    sd = unwrap(model).state_dict()
+    if any(type(v).__name__ == "DTensor" for v in sd.values()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return sd
+
+
+def sharded(model) -> bool:
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+def optimizer_state(model, opt) -> dict:
+    """The optimizer state to checkpoint. Under FSDP2 it is gathered (keys are parameter names): one
+    rank's shard alone could not resume the others, nor a run with another number of ranks."""
+    if not sharded(model):
+        return opt.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model, opt, sd: dict):
+    if all(isinstance(k, int) for k in sd.get("state", {})):  # opt.state_dict(): one process or DDP wrote it
+        if sharded(model) and sd.get("state"):
+            raise SystemExit("this checkpoint's optimizer state is unsharded (written without FSDP); "
+                             "resume it with train.parallel: ddp or on one process")
+        opt.load_state_dict(sd)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    set_optimizer_state_dict(model, opt, sd, options=StateDictOptions(full_state_dict=True))
+
+
+def weights_fingerprint(model) -> list[float]:
+    """float64 (sum, sum of squares) of the full weights (what this rank's engine is given); ranks in
+    step agree bit for bit. Collective under FSDP2."""
+    import torch
+    s = torch.zeros(2, dtype=torch.float64)
+    for _, p in unwrap(model).named_parameters():
+        t = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double()
+        s += torch.stack([t.sum(), (t * t).sum()]).cpu()
+    return s.tolist()
+
+
+def init_distributed(device: str) -> tuple[int, int]:
+    """(rank, world) under torchrun; (0, 1) otherwise."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    import torch
+    import torch.distributed as dist
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def wrap_parallel(model, cfg, device: str):
+    """DDP, or FSDP2 (fully_shard every decoder layer, then the root)."""
+    import torch
+    if cfg.train.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+    for m in model.modules():
+        if type(m).__name__.endswith("DecoderLayer"):
+            fully_shard(m)
+    fully_shard(model)
+    return model
+
+
+def all_mean(values: list[float], world: int, weight: float = 1.0) -> list[float]:
+    """Per-rank means -> the mean over all ranks' items, `weight` = this rank's item count (shares can differ)."""
+    if world == 1:
+        return values
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([v * weight for v in values] + [weight], dtype=torch.float64,
+                     device="cuda" if torch.cuda.is_available() else "cpu")
+    dist.all_reduce(t)
+    return (t[:-1] / t[-1].clamp(min=1e-12)).tolist()
+
+
+def from_rank0(obj, world: int):
+    """Rank 0's value on every rank: for decisions all ranks must take together."""
+    if world == 1:
+        return obj
+    import torch.distributed as dist
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
