@@ -100,3 +100,40 @@ def from_rank0(obj, world: int):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def gather(obj, world: int) -> list:
+    """Every rank's `obj`, in rank order ([obj] for a single process)."""
+    if world == 1:
+        return [obj]
+    import torch.distributed as dist
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def forward_count(model, n: int, op: str) -> int:
+    """How many forwards to run so every rank runs the same number: under FSDP2 each forward is a
+    collective (op "max": pad, "min": cut); otherwise this rank's own `n`."""
+    import torch
+    import torch.distributed as dist
+    if not (dist.is_initialized() and sharded(model)):
+        return n
+    t = torch.tensor([n], device=next(model.parameters()).device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN)
+    return int(t)
+
+
+def check_in_step(model, world: int, step: int) -> list:
+    """Every rank's weight fingerprint; raises if they differ (a missed all-reduce or a skipped update
+    would otherwise train on silently). Collective: every rank calls it."""
+    fps = gather(weights_fingerprint(model), world)
+    if any(f != fps[0] for f in fps):
+        raise RuntimeError(f"step {step}: the ranks hold different weights (float64 sum, sum of squares "
+                           f"per rank: {fps})")
+    return fps

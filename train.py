@@ -392,11 +392,8 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
     lengths = batch.attention_mask.sum(1).tolist()
     groups = pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
     n_real = len(groups)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world > 1 and distributed.sharded(model):  # FSDP2 all-gathers in every forward: every rank runs as many micro-batches
-        t = torch.tensor([n_real], device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        groups += [groups[0]] * (int(t) - n_real)
+    world = distributed.world_size()
+    groups += [groups[0]] * (distributed.forward_count(model, n_real, "max") - n_real)
     adv = keep = None
     metrics: dict = {}
     if not sft:
@@ -498,13 +495,9 @@ def check_sync(model, policy, batch, n: int = 2) -> dict:
     import torch
     import algo
     import rollout
-    import torch.distributed as dist
     rows = [i for i in range(len(batch)) if batch.valid[i] and batch.loss_mask[i].sum() > 0][:n]
+    rows = rows[:distributed.forward_count(model, len(rows), "min")]
     dev = next(model.parameters()).device
-    if dist.is_initialized() and distributed.sharded(model):  # each forward is a collective under FSDP2
-        t = torch.tensor([len(rows)], device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        rows = rows[:int(t)]
     if not rows:
         return {}
     seqs, lps, masks = [], [], []
@@ -590,20 +583,16 @@ def oracle_corpus(tasks, system_prompt: str, n: int = 256) -> list[str]:
 
 def sft_warm_start(cfg: Config, model, tok, env, tasks, rcfg, log, rank: int = 0):
     """NLL on the assistant tokens of oracle trajectories, rendered exactly as the agent's own turns."""
-    import torch.distributed as dist
     import rollout
     from tqdm import tqdm
     with rollout.ScriptedPolicy(tok, "oracle") as oracle:  # real containers: real tool outputs
         demos = rollout.collect(tasks, oracle, env, dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
                                 group_size=1, progress=rank == 0)
     demos = [t for t in demos if t.valid and t.reward > 0]
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world > 1:
-        # every rank draws the same batches from all ranks' demos and trains on its share of each,
-        # so a step's batch is sft.batch_size trajectories whatever the number of ranks
-        parts = [None] * world
-        dist.all_gather_object(parts, demos)
-        demos = [t for part in parts for t in part]
+    world = distributed.world_size()
+    # every rank draws the same batches from all ranks' demos and trains on its share of each,
+    # so a step's batch is sft.batch_size trajectories whatever the number of ranks
+    demos = [t for part in distributed.gather(demos, world) for t in part]
     if len(demos) < world:  # world >= 1: no demo at all is an error too
         raise SystemExit(f"SFT: {len(demos)} oracle trajectories passed their tests (ranks: {world}); "
                          f"check the tasks with `python env.py validate`")
@@ -665,13 +654,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
         st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
         if opt is not None:
             st.update(optimizer=distributed.optimizer_state(model, opt), scheduler=sched.state_dict())
-        if world > 1:  # a rank out of step (a missed all-reduce, a skipped update) would train on silently
-            fps = [None] * world
-            torch.distributed.all_gather_object(fps, distributed.weights_fingerprint(model))
-            if any(f != fps[0] for f in fps):
-                raise RuntimeError(f"step {step}: the ranks hold different weights (float64 sum, sum of squares "
-                                   f"per rank: {fps})")
-            st["rank_fingerprints"] = fps
+        if world > 1:
+            st["rank_fingerprints"] = distributed.check_in_step(model, world, step)
         full = distributed.full_state_dict(model)  # collective under FSDP: every rank takes part
         if rank == 0:
             save_checkpoint(ckpt_root, step, lambda d: save_model(model, tok, d, full), st, cfg.checkpoint.keep_last)
@@ -787,8 +771,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
         t_ckpt = time.time() - t0
         ranks = {}
         if world > 1:  # a straggler rank sets everyone's pace
-            per = [None] * world
-            torch.distributed.all_gather_object(per, [len(trajs), t_roll, t_train])
+            per = distributed.gather([len(trajs), t_roll, t_train], world)
             ranks = {"episodes": sum(p[0] for p in per), "time/rollout_ranks": [p[1] for p in per],
                      "time/train_ranks": [p[2] for p in per]}
         rec = {"phase": "rl", "step": done, "reward": reward, "success": success, "tasks": [t.name for t in tasks],
