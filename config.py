@@ -63,6 +63,8 @@ class SFTConfig:
     batch_size: int = 16                   # trajectories per optimizer step
     lr: float = 1e-3
     warmup_steps: int = 5
+    keep_moments: bool = True              # RL's AdamW starts from SFT's moments (its own lr and schedule):
+    #                                        a fresh Adam's first steps move every weight by ~lr (sign-like)
 
 
 @dataclass

@@ -562,12 +562,12 @@ def make_env():
 
 def oracle_corpus(tasks, system_prompt: str, n: int = 256) -> list[str]:
     """Rendered oracle conversations of the train tasks: the tiny tokenizer learns merges for them."""
+    import env
     import rollout
     import tiny
     tok = tiny.train_tokenizer(tiny.default_corpus(), 512)  # only for the chat template
     out = []
     for t in tasks[:n]:
-        import env
         msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": t.instruction}]
         for c in env.oracle_commands(t):
             msgs.append({"role": "assistant", "content": rollout.tool_call_text("bash", {"command": c})})
@@ -607,6 +607,7 @@ def sft_warm_start(cfg: Config, model, tok, env, tasks, rcfg, log, rank: int = 0
         bar.set_postfix(loss=f"{m['loss']:.3f}")
         if rank == 0:
             log.log({"phase": "sft", "step": s, **m})
+    return opt
 
 
 def run(cfg: Config, resume: bool = False) -> dict:
@@ -632,7 +633,15 @@ def run(cfg: Config, resume: bool = False) -> dict:
     train_tasks, eval_tasks = load_task_sets(cfg)
     if cfg.model.build_tiny and rank == 0:
         import tiny
-        tiny.build_tiny_model(cfg.model.path, corpus=oracle_corpus(train_tasks, rcfg.system_prompt),
+        corpus_tasks = train_tasks
+        if cfg.data.train_tasks == "generated":
+            # the whole family, both splits: every word is then one token wherever it appears (" w",
+            # "/w"), as in a real tokenizer. Words cut into rare pieces ("pe","n","c","i","l") are
+            # what a 2-layer model cannot copy from instruction to command.
+            import env
+            corpus_tasks = [t for split in ("train", "heldout")
+                            for t in env.generate_easy_tasks(512, seed=cfg.data.generated_seed, split=split)]
+        tiny.build_tiny_model(cfg.model.path, corpus=oracle_corpus(corpus_tasks, rcfg.system_prompt, n=len(corpus_tasks)),
                               **{"seed": cfg.seed, **cfg.model.tiny})
     if world > 1:
         torch.distributed.barrier()
@@ -648,12 +657,14 @@ def run(cfg: Config, resume: bool = False) -> dict:
 
     if world > 1:
         model = distributed.wrap_parallel(model, cfg, device)
-    opt = sched = None
+    opt = sched = sft_opt = None
 
     def save(step):
         st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
         if opt is not None:
             st.update(optimizer=distributed.optimizer_state(model, opt), scheduler=sched.state_dict())
+        elif sft_opt is not None and cfg.sft.keep_moments:  # a resume from the SFT-only start carries them too
+            st["sft_optimizer"] = distributed.optimizer_state(model, sft_opt)
         if world > 1:
             st["rank_fingerprints"] = distributed.check_in_step(model, world, step)
         full = distributed.full_state_dict(model)  # collective under FSDP: every rank takes part
@@ -665,7 +676,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
 
     # --- optional SFT warm start on oracle trajectories (the paper trains SFT -> RL) -------------
     if cfg.sft.steps and not state.get("sft_done"):
-        sft_warm_start(cfg, model, tok, env, train_tasks[: cfg.sft.num_tasks][rank::world], rcfg, log, rank)
+        sft_opt = sft_warm_start(cfg, model, tok, env, train_tasks[: cfg.sft.num_tasks][rank::world], rcfg, log, rank)
         ckpt = save(0)  # the SFT-only start: RL's step 0, and the engine's first weights
 
     # --- RL: optimizer, engine, policy ---------------------------------------------------------
@@ -675,6 +686,16 @@ def run(cfg: Config, resume: bool = False) -> dict:
     if "optimizer" in state:
         distributed.load_optimizer_state(model, opt, state["optimizer"])
         sched.load_state_dict(state["scheduler"])
+    elif cfg.sft.keep_moments and (sft_opt is not None or "sft_optimizer" in state):
+        # Adam's bias-corrected first step is lr * sign(g) on every weight, however small or noisy g
+        # is: at an lr that moves the tiny policy at all, that collapsed it in one step. SFT's second
+        # moments scale RL's first steps by what that weight's gradients have looked like instead.
+        lrs = [(g["lr"], g["initial_lr"]) for g in opt.param_groups]
+        distributed.load_optimizer_state(
+            model, opt, distributed.optimizer_state(model, sft_opt) if sft_opt is not None else state["sft_optimizer"])
+        for g, (lr, initial) in zip(opt.param_groups, lrs):
+            g["lr"], g["initial_lr"] = lr, initial
+        sft_opt = None
     if "rng" in state:
         set_rng_state(state["rng"])
     full_ckpt = ckpt is not None and not cfg.model.lora

@@ -235,6 +235,10 @@ def test_short_run_then_sigkill_and_resume_keeps_data_order(tiny_model_dir, tmp_
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000003"
     assert (out / "summary.txt").exists() and (out / "trajectories.jsonl").exists()
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib is a requirement
+    # RL's AdamW continued SFT's moments (sft.keep_moments), across the kill too, at RL's own lr
+    opt = torch.load(out / "checkpoints" / "step_000003" / "trainer.pt", weights_only=False)["optimizer"]
+    assert {float(s["step"]) for s in opt["state"].values()} == {2.0 + 3.0}
+    assert [g["lr"] for g in opt["param_groups"]] == [cfg.train.lr]
 
 
 # --- torchrun (slow): two gloo ranks, DDP and FSDP2 ------------------------------------------
