@@ -690,12 +690,14 @@ def run(cfg: Config, resume: bool = False) -> dict:
         # Adam's bias-corrected first step is lr * sign(g) on every weight, however small or noisy g
         # is: at an lr that moves the tiny policy at all, that collapsed it in one step. SFT's second
         # moments scale RL's first steps by what that weight's gradients have looked like instead.
-        lrs = [(g["lr"], g["initial_lr"]) for g in opt.param_groups]
-        distributed.load_optimizer_state(
-            model, opt, distributed.optimizer_state(model, sft_opt) if sft_opt is not None else state["sft_optimizer"])
-        for g, (lr, initial) in zip(opt.param_groups, lrs):
-            g["lr"], g["initial_lr"] = lr, initial
-        sft_opt = None
+        if sft_opt is not None:  # same parameter objects (FSDP shards too): hand the state over as is
+            opt.state.update(sft_opt.state)
+            sft_opt = None
+        else:  # resuming at the SFT-only start: the saved state, but RL's own lr
+            lrs = [(g["lr"], g["initial_lr"]) for g in opt.param_groups]
+            distributed.load_optimizer_state(model, opt, state["sft_optimizer"])
+            for g, (lr, initial) in zip(opt.param_groups, lrs):
+                g["lr"], g["initial_lr"] = lr, initial
     if "rng" in state:
         set_rng_state(state["rng"])
     full_ckpt = ckpt is not None and not cfg.model.lora
