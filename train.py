@@ -636,8 +636,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
         corpus_tasks = train_tasks
         if cfg.data.train_tasks == "generated":
             # the whole family, both splits: every word is then one token wherever it appears (" w",
-            # "/w"), as in a real tokenizer. Words cut into rare pieces ("pe","n","c","i","l") are
-            # what a 2-layer model cannot copy from instruction to command.
+            # "/w"), as in a real tokenizer; from the train tasks alone " pencil" was " pe n c i l"
             import env
             corpus_tasks = [t for split in ("train", "heldout")
                             for t in env.generate_easy_tasks(512, seed=cfg.data.generated_seed, split=split)]
