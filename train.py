@@ -77,9 +77,9 @@ def pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def padding_fraction(lengths: list[int], groups: list[list[int]]) -> float:
-    """Share of the tokens fed to the model that are padding."""
+    """Share of the tokens fed to the model that are padding (rows in no group are not fed)."""
     padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
-    return 1.0 - sum(lengths) / padded if padded else 0.0
+    return 1.0 - sum(lengths[i] for g in groups for i in g) / padded if padded else 0.0
 
 
 def select_rows(batch, rows: list[int], extra: dict | None = None):
@@ -371,9 +371,54 @@ def torch_threads(n: int):
 # one optimizer step on a batch, in token-budget micro-batches
 
 
+def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
+    """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
+    updates on the batch (the ratios of the later ones are measured against it)."""
+    import torch
+    import algo
+    dev = next(model.parameters()).device
+    T = batch.input_ids.shape[1]
+    groups = pack_by_tokens(batch.attention_mask.sum(1).tolist(), cfg.train.micro_batch_tokens)
+    n_real = len(groups)
+    groups += [groups[0]] * (distributed.forward_count(model, n_real, "max") - n_real)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        for i, rows in enumerate(groups):
+            mb = select_rows(batch, rows)[0].to(dev)
+            lp, _ = algo.token_logprobs(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                              use_cache=False).logits, mb.input_ids, temperature=temperature)
+            if i < n_real:
+                out[rows] = _pad_to(lp.float().cpu(), T)
+    if hasattr(model, "reshard"):  # as in check_sync: FSDP2 leaves the root gathered after a forward
+        model.reshard()
+    model.train()
+    batch.old_logprobs = out.to(batch.input_ids.device)
+
+
 def _pad_to(x, T: int):
     import torch
     return torch.nn.functional.pad(x, (0, T - x.shape[1]))
+
+
+def rows_that_train(batch, advantages, keep, acfg) -> tuple[list[int], object]:
+    """Rows whose loss can move the weights, and the whole batch's trained-token mask when rows are
+    left out (the loss denominator counts their tokens all the same), else None.
+
+    Rows not in `keep` have empty masks. Without a KL or entropy term, a row whose trained tokens
+    all have advantage 0 (a failed episode under REINFORCE, a zero-variance group under GRPO) has
+    zero gradient under every loss in algo.py, so it is not forwarded. Its tokens' mismatch mask
+    needs π_old, so such rows are left out only once π_old is known (fill_old_logprobs) or when
+    algo.mismatch does not use it."""
+    import algo
+    rows = [i for i in range(len(batch)) if keep[i]]
+    if acfg.kl_coef or acfg.entropy_coef or (batch.old_logprobs is None
+                                            and acfg.mismatch in ("token_mask", "chunk_mask")):
+        return rows, None
+    old = batch.old_logprobs if batch.old_logprobs is not None else batch.infer_logprobs  # unused by the masks then
+    rl, il, _, _ = algo.train_masks(batch, advantages, acfg, old, keep)
+    moves = ((advantages * rl).abs().sum(-1) > 0) | (il.sum(-1) > 0)
+    return [i for i in rows if moves[i]], rl + il
 
 
 def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0, sft: bool = False) -> dict:
@@ -381,8 +426,10 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
 
     Micro-batch losses are backpropagated with denominator 1 and the summed gradient divided by
     the full batch's denominator afterwards: the gradient is linear in 1/denominator, so this is
-    exactly the full-batch loss without a separate π_old pass (π_old = the current weights when
-    updates_per_step is 1) and without holding every micro-batch's graph.
+    exactly the full-batch loss without holding every micro-batch's graph. π_old is the current
+    weights unless batch.old_logprobs is filled (fill_old_logprobs, when updates_per_step > 1).
+    Rows that cannot move the weights are not forwarded (rows_that_train); the per-micro-batch
+    metrics (entropy, ratios, clip fractions) then cover the rows that trained.
     """
     import torch
     import torch.distributed as dist
@@ -390,15 +437,19 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
     lengths = batch.attention_mask.sum(1).tolist()
-    groups = pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
-    n_real = len(groups)
-    world = distributed.world_size()
-    groups += [groups[0]] * (distributed.forward_count(model, n_real, "max") - n_real)
-    adv = keep = None
+    adv = keep = known = None
+    rows_in = list(range(len(lengths)))
     metrics: dict = {}
     if not sft:
         adv = algo.compute_advantages(batch, acfg)
         keep, metrics = algo.keep_rows(batch, adv, acfg)
+        rows_in, known = rows_that_train(batch, adv, keep, acfg)
+    groups = [[rows_in[j] for j in g] for g in pack_by_tokens([lengths[r] for r in rows_in],
+                                                               cfg.train.micro_batch_tokens)]
+    n_real = len(groups)
+    world = distributed.world_size()
+    groups = groups or [[0]]  # nothing can move the weights: one zero-loss forward keeps the ranks in step
+    groups += [groups[0]] * (distributed.forward_count(model, len(groups), "max") - len(groups))
     masks, mb_metrics, loss_sum = [], [], 0.0
     opt.zero_grad(set_to_none=True)
     model.train()
@@ -430,7 +481,14 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
             continue
         loss_sum += float(loss.detach())
         masks.append(_pad_to(m.detach().cpu(), T))
-    full_mask = torch.cat(masks)
+    if known is not None:  # rows were skipped: the masks and denominator of the whole batch
+        full_mask = known
+        rl = known * (batch.loss_mask > 0)
+        metrics_full = {"advantage_mean": algo._ratio((adv * rl).sum(), rl.sum()),
+                        "positive_frac": algo._ratio(((algo.trajectory_sign(adv) > 0) & (rl.sum(-1) > 0)).sum(),
+                                                     (rl.sum(-1) > 0).sum())}
+    else:
+        full_mask, metrics_full = (torch.cat(masks) if masks else torch.zeros(1, T)), {}
     if sft:
         den = max(float(full_mask.sum()), 1.0)
     else:
@@ -451,9 +509,11 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
     for k in (mb_metrics[0][1] if mb_metrics else {}):
         if k not in ("loss", "pg_loss", "imitation_loss", "kl_loss", "entropy_loss", "tokens_trained"):
             metrics[k] = sum(r * m.get(k, 0.0) for r, m in mb_metrics) / n
+    metrics.update(metrics_full)
     metrics.update(loss=loss_sum / den, grad_norm=float(grad_norm), lr=sched.get_last_lr()[0],
                    tokens=int(sum(lengths)), trained_tokens=int(full_mask.sum()),
-                   padding_frac=padding_fraction(lengths, groups[:n_real]), micro_batches=n_real)
+                   padding_frac=padding_fraction(lengths, groups[:n_real]), micro_batches=n_real,
+                   rows_trained=len(rows_in))
     return metrics
 
 
@@ -772,6 +832,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
         m = {}
         if train_now:
             batch = rollout.make_batch(trajs, tok.pad_token_id)
+            if cfg.train.updates_per_step > 1:
+                fill_old_logprobs(model, batch, cfg, rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
                 m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
         t_train = time.time() - t0

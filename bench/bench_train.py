@@ -45,6 +45,7 @@ def throughput(cfg, repeats: int):
     import torch
     from transformers import AutoTokenizer
     import env as envmod
+    import algo
     import config
     import rollout
     import train
@@ -64,11 +65,15 @@ def throughput(cfg, repeats: int):
     # the scripted engines report log-prob 0; give the batch plausible engine log-probs and rewards
     batch.infer_logprobs = -0.5 * batch.loss_mask
     batch.reward = torch.where(batch.valid, torch.arange(len(batch)).remainder(2).float(), batch.reward)
+    acfg = config.algo_cfg(cfg)
+    adv = algo.compute_advantages(batch, acfg)
+    rows, _ = train.rows_that_train(batch, adv, algo.keep_rows(batch, adv, acfg)[0], acfg)
+    all_lengths = batch.attention_mask.sum(1).tolist()
+    batch = train.select_rows(batch, rows)[0]  # the rows train.update forwards: the same tokens for both
     lengths = batch.attention_mask.sum(1).tolist()
     groups = train.pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
     per = max(1, len(lengths) * cfg.train.micro_batch_tokens // (max(lengths) * len(lengths)))
     naive = [list(range(i, min(i + per, len(lengths)))) for i in range(0, len(lengths), per)]
-    acfg = config.algo_cfg(cfg)
     model = train.load_model(cfg, "cpu")
     opt, sched = train.make_optimizer(model, 1e-5, 0.0, [0.9, 0.999], 0, 100, "constant")
 
@@ -92,7 +97,7 @@ def throughput(cfg, repeats: int):
             fn()
         results[name] = min(results.get(name, 1e9), (time.perf_counter() - t0) / repeats)
     tokens = sum(lengths)
-    print(f"\nbatch: {len(lengths)} trajectories, {tokens} real tokens, lengths {min(lengths)}..{max(lengths)}, "
+    print(f"\nbatch: {len(lengths)} of {len(all_lengths)} trajectories can move the weights and are timed, {tokens} real tokens, lengths {min(lengths)}..{max(lengths)}, "
           f"micro_batch_tokens {cfg.train.micro_batch_tokens} -> {len(groups)} micro-batches")
     for name, t in results.items():
         print(f"{name:>13}: {tokens / t:8.0f} tokens/s  ({t:.2f} s per batch)")

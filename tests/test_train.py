@@ -128,6 +128,62 @@ def test_micro_batching_gives_the_full_batch_update(tiny_model_dir, sft):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_rows_with_zero_gradient_are_skipped_and_the_update_is_unchanged(tiny_model_dir):
+    """REINFORCE on a 0/1 reward: failed rows (advantage 0) are not forwarded, yet the step equals
+    one full-batch policy_loss step, whose denominator counts their tokens."""
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
+                            ["algo.baseline=none", "algo.negative_reward=0.0", "algo.mismatch=none",
+                             f"model.path={tiny_model_dir}", "train.micro_batch_tokens=45",
+                             "train.grad_clip=0"])  # a clipped step would hide a wrong denominator
+    acfg = config.algo_cfg(cfg)
+    batch = _synthetic_batch(train.load_model(cfg, "cpu").config.vocab_size)
+    params = []
+    for skip in (True, False):
+        model = train.load_model(cfg, "cpu")
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        if skip:
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+            m = train.update(model, opt, sched, batch, acfg, cfg)
+        else:  # the reference: every row in one forward
+            lp, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                              use_cache=False).logits, batch.input_ids)
+            loss, ref = algo.policy_loss(lp, batch, algo.compute_advantages(batch, acfg), acfg)
+            loss.backward()
+            opt.step()
+        params.append([p.detach().clone() for p in model.parameters()])
+    assert m["rows_trained"] == 3 and m["positive_frac"] == pytest.approx(ref["positive_frac"]) == 0.5
+    assert 0.0 <= m["padding_frac"] < 0.5  # of the rows fed to the model, not of the whole batch
+    assert m["loss"] == pytest.approx(float(loss.detach()), rel=1e-4)
+    moved = 0.0
+    for a, b, p0 in zip(params[0], params[1], train.load_model(cfg, "cpu").parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        moved = max(moved, float((a - p0).abs().max()))
+    assert moved > 1e-4
+
+
+def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir):
+    """updates_per_step > 1: fill_old_logprobs (in micro-batches) equals a one-piece forward, the
+    first update sees ratio 1 and the second one ratios away from 1 (not π_θ against itself)."""
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
+                            ["algo.loss=ppo", "algo.baseline=grpo", "algo.mismatch=none",
+                             f"model.path={tiny_model_dir}", "train.micro_batch_tokens=45"])
+    acfg = config.algo_cfg(cfg)
+    model = train.load_model(cfg, "cpu")
+    batch = _synthetic_batch(model.config.vocab_size)
+    train.fill_old_logprobs(model, batch, cfg)
+    with torch.no_grad():
+        whole, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                             use_cache=False).logits, batch.input_ids)
+    m = batch.attention_mask.bool()
+    torch.testing.assert_close(batch.old_logprobs[m], whole[m], rtol=1e-4, atol=1e-5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    first = train.update(model, opt, sched, batch, acfg, cfg)
+    second = train.update(model, opt, sched, batch, acfg, cfg)
+    assert first["ratio_min"] == pytest.approx(1.0, abs=1e-5) and first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert second["ratio_max"] - second["ratio_min"] > 1e-3
+
+
 # --- checkpoints ----------------------------------------------------------------------------
 
 def _write_file(d: Path):
