@@ -293,7 +293,7 @@ def test_short_run_then_sigkill_and_resume_keeps_data_order(tiny_model_dir, tmp_
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib is a requirement
     # RL's AdamW continued SFT's moments (sft.keep_moments), across the kill too, at RL's own lr
     opt = torch.load(out / "checkpoints" / "step_000003" / "trainer.pt", weights_only=False)["optimizer"]
-    assert {float(s["step"]) for s in opt["state"].values()} == {2.0 + 3.0}
+    assert {float(s["step"]) for s in opt["state"].values()} == {2.0 + 3.0 * cfg.train.updates_per_step}
     assert [g["lr"] for g in opt["param_groups"]] == [cfg.train.lr]
 
 
