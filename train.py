@@ -371,6 +371,17 @@ def torch_threads(n: int):
 # one optimizer step on a batch, in token-budget micro-batches
 
 
+def micro_batches(model, lengths: list[int], rows, budget: int) -> tuple[list[list[int]], int]:
+    """`rows` packed into token-budget micro-batches, then repeats of the first appended so every
+    FSDP rank runs as many forwards (one zero-loss forward when no row is left). Returns (groups,
+    the number of real ones)."""
+    rows = list(rows)
+    groups = [[rows[j] for j in g] for g in pack_by_tokens([lengths[r] for r in rows], budget)]
+    n_real = len(groups)
+    groups = groups or [[0]]
+    return groups + [groups[0]] * (distributed.forward_count(model, len(groups), "max") - len(groups)), n_real
+
+
 def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
     """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
     updates on the batch (the ratios of the later ones are measured against it)."""
@@ -378,9 +389,8 @@ def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
     import algo
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
-    groups = pack_by_tokens(batch.attention_mask.sum(1).tolist(), cfg.train.micro_batch_tokens)
-    n_real = len(groups)
-    groups += [groups[0]] * (distributed.forward_count(model, n_real, "max") - n_real)
+    groups, n_real = micro_batches(model, batch.attention_mask.sum(1).tolist(), range(len(batch)),
+                                   cfg.train.micro_batch_tokens)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
@@ -444,12 +454,8 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
         adv = algo.compute_advantages(batch, acfg)
         keep, metrics = algo.keep_rows(batch, adv, acfg)
         rows_in, known = rows_that_train(batch, adv, keep, acfg)
-    groups = [[rows_in[j] for j in g] for g in pack_by_tokens([lengths[r] for r in rows_in],
-                                                               cfg.train.micro_batch_tokens)]
-    n_real = len(groups)
+    groups, n_real = micro_batches(model, lengths, rows_in, cfg.train.micro_batch_tokens)
     world = distributed.world_size()
-    groups = groups or [[0]]  # nothing can move the weights: one zero-loss forward keeps the ranks in step
-    groups += [groups[0]] * (distributed.forward_count(model, len(groups), "max") - len(groups))
     masks, mb_metrics, loss_sum = [], [], 0.0
     opt.zero_grad(set_to_none=True)
     model.train()
