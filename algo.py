@@ -555,6 +555,14 @@ def loss_denominator(batch: Batch, advantages, cfg: AlgoConfig, keep=None):
     return aggregation_denominator(rl + il, cfg.agg, cfg.norm_length)
 
 
+def advantage_stats(advantages, rl) -> dict:
+    """Mean advantage over trained sampled tokens `rl`, and the share of rows with a trained token
+    whose trajectory is positive."""
+    trained = rl.sum(-1) > 0
+    return {"advantage_mean": _ratio((advantages * rl).sum(), rl.sum()),
+            "positive_frac": _ratio(((trajectory_sign(advantages) > 0) & trained).sum(), trained.sum())}
+
+
 def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=None, ref_logprobs=None,
                 keep=None, denominator=None):
     """Total loss λ_RL·PG + λ_IL·imitation (Eq. 10) + kl_coef·KL − entropy_coef·H, all per token and
@@ -632,8 +640,6 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
         "ratio_min": float(r.min()) if r.numel() else 0.0,
         "ratio_mean": float(r.mean()) if r.numel() else 0.0,
         "ratio_max": float(r.max()) if r.numel() else 0.0,
-        "advantage_mean": _ratio((advantages * rl).sum(), n_rl),
-        "positive_frac": _ratio(((trajectory_sign(advantages) > 0) & (rl.sum(-1) > 0)).sum(),
-                                (rl.sum(-1) > 0).sum()),
+        **advantage_stats(advantages, rl),
     })
     return loss, metrics

@@ -489,10 +489,7 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
         masks.append(_pad_to(m.detach().cpu(), T))
     if known is not None:  # rows were skipped: the masks and denominator of the whole batch
         full_mask = known
-        rl = known * (batch.loss_mask > 0)
-        metrics_full = {"advantage_mean": algo._ratio((adv * rl).sum(), rl.sum()),
-                        "positive_frac": algo._ratio(((algo.trajectory_sign(adv) > 0) & (rl.sum(-1) > 0)).sum(),
-                                                     (rl.sum(-1) > 0).sum())}
+        metrics_full = algo.advantage_stats(adv, known * (batch.loss_mask > 0))
     else:
         full_mask, metrics_full = (torch.cat(masks) if masks else torch.zeros(1, T)), {}
     if sft:
