@@ -1,9 +1,11 @@
-"""Benchmark env.py: per-command round trip (persistent session vs a `docker exec` per command) and
-reset latency (cold container start vs warm pool). Targets: <= 2 ms per command, <= 50 ms warm reset.
+"""Benchmark env.py: per-command round trip (persistent session vs a `docker exec` per command),
+reset latency (cold container start vs warm pool) and grading (tests inline vs uploaded).
+Targets: <= 2 ms per command, <= 50 ms warm reset.
 
     python bench/bench_env.py [--commands 300] [--resets 10]
 """
 import argparse
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -49,6 +51,13 @@ def main():
         def cold():
             env.reset(task).close()
         rows.append(("reset: cold (create + start + attach + setup)", *median_ms(cold, args.resets)))
+        # grading: small suites travel inside the one grading exec; big ones take 2 execs + an upload
+        big = dataclasses.replace(task, tests={**task.tests, "data.bin": bytes(E.INLINE_TESTS_MAX)})
+        for name, t in [("grade: tests inside the grading command (1 exec)", task),
+                        ("grade: tests uploaded by put_archive (2 execs)", big)]:
+            term = env.reset(t)
+            rows.append((name, *median_ms(term.grade, args.resets)))
+            term.close()
     with E.Env(warm=2) as env:
         env.warmup([task])
         warm_times = []
