@@ -183,6 +183,9 @@ class AlgoConfig:
     entropy_coef: float = 0.0      # entropy bonus, per sampled token
     max_negative_tokens: int | None = None  # mask negative trajectories longer than this
     #                                         (attention_mask tokens); paper fixed a collapse at ~20k
+    drop_zero_advantage: bool = False  # drop rows with advantage 0 on every sampled token and no
+    #                                    imitation tokens (R in {0,1}, no baseline: the failures), so the
+    #                                    mean runs over the successes alone (RAFT / rejection-sampling FT)
     filter_zero_variance: bool = False  # drop groups whose rewards are all equal (DAPO/ROLL) ...
     max_filtered_share: float = 0.5     # ... but never more than this share of the groups
 
@@ -360,12 +363,17 @@ def zero_variance_filter(r, valid, group_id, max_share):
 
 
 def keep_rows(batch: Batch, advantages, cfg: AlgoConfig):
-    """Rows that may train, [B] bool: valid, not in a filtered zero-variance group, and not a
-    negative trajectory longer than max_negative_tokens. Needs the whole batch (group
-    statistics): compute it once before splitting into micro-batches. Returns (keep, metrics)."""
+    """Rows that may train, [B] bool: valid, not in a filtered zero-variance group, not a
+    negative trajectory longer than max_negative_tokens, and (drop_zero_advantage) not a row
+    without signal. Needs the whole batch (group statistics): compute it once before splitting
+    into micro-batches. Returns (keep, metrics)."""
     keep = batch.valid.clone()
     metrics = {"invalid_frac": float((~batch.valid).float().mean()) if len(batch) else 0.0,
                "zero_variance_group_share": 0.0, "filtered_group_share": 0.0, "long_negative_frac": 0.0}
+    if cfg.drop_zero_advantage:
+        silent = ((advantages * batch.loss_mask).abs().sum(-1) == 0) & (batch.imitation_mask.sum(-1) == 0)
+        metrics["zero_advantage_frac"] = float((silent & batch.valid).float().mean()) if len(batch) else 0.0
+        keep &= ~silent
     if cfg.filter_zero_variance:
         r = shaped_rewards(batch.reward, batch.valid, cfg.negative_reward)
         kz, metrics["zero_variance_group_share"], metrics["filtered_group_share"] = \

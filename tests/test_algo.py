@@ -223,6 +223,25 @@ def test_keep_rows_masks_long_negatives_and_invalid_rows():
     assert m["long_negative_frac"] == 0.25 and m["invalid_frac"] == 0.25
 
 
+def test_drop_zero_advantage_averages_over_the_successes_alone():
+    """REINFORCE on R in {0,1}: failures have advantage 0, so dropping them leaves the gradient's
+    direction and divides by the number of successes instead of all rows (RAFT). A prefilled row
+    keeps its imitation term whatever its reward."""
+    b = build_batch(["paaoa", "paa", "paaaa", "pa", "pia"], [1.0, 0.0, 1.0, 0.0, 0.0])
+    lp = rand_lp(b, seed=3)
+    base = AlgoConfig(baseline="none", negative_reward=0.0, mismatch="none")
+    drop = AlgoConfig(baseline="none", negative_reward=0.0, mismatch="none", drop_zero_advantage=True)
+    adv = algo.compute_advantages(b, base)
+    keep, m = algo.keep_rows(b, adv, drop)
+    assert keep.tolist() == [True, False, True, False, True] and m["zero_advantage_frac"] == pytest.approx(0.4)
+    (l_all, _), (l_drop, _) = (algo.policy_loss(lp, b, adv, c) for c in (base, drop))
+    assert l_drop.item() == pytest.approx(l_all.item() * 5 / 3)  # seq_mean_token_mean: 5 rows -> 3
+    # by hand: the mean over rows 0, 2, 4 of each row's token-mean of -G·log π, G = γ^(K-1-k)
+    # (+ NLL on the prefill; row 4's sampled token has G = 0 but counts in its row's mean)
+    rows = [-(0.95 * lp[0, 1:3].sum() + lp[0, 4]) / 3, -(lp[2, 1:5].sum()) / 4, -(lp[4, 1]) / 2]
+    assert l_drop.item() == pytest.approx(sum(float(r) for r in rows) / 3)
+
+
 def test_mismatch_correction_token_and_chunk_modes():
     b = build_batch(["paaaoaa"], [1.0])
     old = torch.tensor([[0.0, -1.0, -0.2, -3.0, 0.0, -0.5, -0.5]])
