@@ -63,6 +63,10 @@ class SFTConfig:
     batch_size: int = 16                   # trajectories per optimizer step
     lr: float = 1e-3
     warmup_steps: int = 5
+    val_tasks: int = 0                     # oracle trajectories of train tasks SFT never sees (the last ones)
+    val_every: int = 10                    # ... scored every this many steps: val_nll and val_oracle_prob
+    stop_at_val_prob: float = 0.0          # end SFT early once val_oracle_prob (the chance the policy samples a
+    #                                        val oracle trajectory exactly) reaches this; 0 = all sft.steps
     keep_moments: bool = True              # RL's AdamW starts from SFT's moments (its own lr and schedule):
     #                                        a fresh Adam's first steps move every weight by ~lr (sign-like)
 
@@ -257,6 +261,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
     if cfg.train.group_size < 1 or cfg.train.tasks_per_step < 1:
         raise ConfigError("train.group_size and train.tasks_per_step must be >= 1")
+    if not 0.0 <= cfg.sft.stop_at_val_prob < 1.0:
+        raise ConfigError(f"sft.stop_at_val_prob must be in [0, 1), got {cfg.sft.stop_at_val_prob}")
+    if cfg.sft.stop_at_val_prob and cfg.sft.val_tasks < 1:
+        raise ConfigError("sft.stop_at_val_prob needs validation trajectories: set sft.val_tasks >= 1")
+    if cfg.sft.val_every < 1:
+        raise ConfigError(f"sft.val_every must be >= 1, got {cfg.sft.val_every}")
     if cfg.train.micro_batch_tokens < 1:
         raise ConfigError("train.micro_batch_tokens must be >= 1")
     if not cfg.out_dir:

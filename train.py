@@ -336,6 +336,11 @@ def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
     ev = [r for r in records if r.get("phase") == "eval"]
     rl = [r for r in records if r.get("phase") == "rl"]
     lines = ["=" * 72, f"run {out_dir}"]
+    sft = [r for r in records if r.get("phase") == "sft"]
+    if sft:
+        val = [r for r in sft if "val_oracle_prob" in r]
+        lines.append(f"sft: {len(sft)} steps, loss {sft[-1]['loss']:.3f}" + (
+            f"; val_oracle_prob {val[-1]['val_oracle_prob']:.3f}, val_nll {val[-1]['val_nll']:.3f}" if val else ""))
     if ev:
         lines.append(f"held-out success: start {ev[0]['success']:.1%} (step {ev[0]['step']}) -> "
                      f"end {ev[-1]['success']:.1%} (step {ev[-1]['step']}); best {max(r['success'] for r in ev):.1%}")
@@ -382,15 +387,13 @@ def micro_batches(model, lengths: list[int], rows, budget: int) -> tuple[list[li
     return groups + [groups[0]] * (distributed.forward_count(model, len(groups), "max") - len(groups)), n_real
 
 
-def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
-    """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
-    updates on the batch (the ratios of the later ones are measured against it)."""
+def policy_logprobs(model, batch, budget: int, temperature: float = 1.0):
+    """log π_θ(token) [B,T] under the current weights, no grad, in token-budget micro-batches."""
     import torch
     import algo
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
-    groups, n_real = micro_batches(model, batch.attention_mask.sum(1).tolist(), range(len(batch)),
-                                   cfg.train.micro_batch_tokens)
+    groups, n_real = micro_batches(model, batch.attention_mask.sum(1).tolist(), range(len(batch)), budget)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
@@ -403,7 +406,13 @@ def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
     if hasattr(model, "reshard"):  # as in check_sync: FSDP2 leaves the root gathered after a forward
         model.reshard()
     model.train()
-    batch.old_logprobs = out.to(batch.input_ids.device)
+    return out.to(batch.input_ids.device)
+
+
+def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
+    """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
+    updates on the batch (the ratios of the later ones are measured against it)."""
+    batch.old_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
 
 
 def _pad_to(x, T: int):
@@ -644,14 +653,29 @@ def oracle_corpus(tasks, system_prompt: str, n: int = 256) -> list[str]:
 # the run
 
 
-def sft_warm_start(cfg: Config, model, tok, env, tasks, rcfg, log, rank: int = 0):
+def sft_validation(model, batch, cfg: Config, temperature: float) -> dict:
+    """On oracle trajectories SFT never trained on: val_nll = mean NLL per assistant token, and
+    val_oracle_prob = mean over trajectories of Π_t π_θ(a_t) = the chance of sampling it exactly."""
+    lp = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
+    m = batch.loss_mask
+    per_row = (lp * m).sum(1)
+    nll, prob = (-per_row.sum() / m.sum()).item(), per_row.double().exp().mean().item()  # fp32 underflows early on
+    nll, prob = distributed.all_mean([nll, prob], distributed.world_size(), weight=float(len(batch)))
+    return {"val_nll": nll, "val_oracle_prob": prob}
+
+
+def sft_warm_start(cfg: Config, model, tok, env, tasks, val_tasks, rcfg, log, rank: int = 0):
     """NLL on the assistant tokens of oracle trajectories, rendered exactly as the agent's own turns."""
     import rollout
     from tqdm import tqdm
     with rollout.ScriptedPolicy(tok, "oracle") as oracle:  # real containers: real tool outputs
-        demos = rollout.collect(tasks, oracle, env, dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
+        demos = rollout.collect(tasks + val_tasks, oracle, env,
+                                dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
                                 group_size=1, progress=rank == 0)
     demos = [t for t in demos if t.valid and t.reward > 0]
+    val_names = {t.name for t in val_tasks}
+    val = [t for t in demos if t.task_name in val_names]
+    demos = [t for t in demos if t.task_name not in val_names]
     world = distributed.world_size()
     # every rank draws the same batches from all ranks' demos and trains on its share of each,
     # so a step's batch is sft.batch_size trajectories whatever the number of ranks
@@ -659,6 +683,10 @@ def sft_warm_start(cfg: Config, model, tok, env, tasks, rcfg, log, rank: int = 0
     if len(demos) < world:  # world >= 1: no demo at all is an error too
         raise SystemExit(f"SFT: {len(demos)} oracle trajectories passed their tests (ranks: {world}); "
                          f"check the tasks with `python env.py validate`")
+    if cfg.sft.val_tasks and min(distributed.gather(len(val), world)) < 1:
+        raise SystemExit(f"SFT validation: no oracle trajectory of the {cfg.sft.val_tasks} sft.val_tasks passed its tests "
+                         f"on some rank; raise sft.val_tasks or check the tasks with `python env.py validate`")
+    val_batch = rollout.make_batch(val, tok.pad_token_id) if val else None
     opt, sched = make_optimizer(model, cfg.sft.lr, cfg.train.weight_decay, cfg.train.adam_betas,
                                 cfg.sft.warmup_steps, cfg.sft.steps, "cosine")
     rng = random.Random(f"sft-{cfg.seed}")
@@ -667,9 +695,17 @@ def sft_warm_start(cfg: Config, model, tok, env, tasks, rcfg, log, rank: int = 0
         picked = rng.sample(demos, min(cfg.sft.batch_size, len(demos)))[rank::world]
         with torch_threads(cfg.threads):
             m = update(model, opt, sched, rollout.make_batch(picked, tok.pad_token_id), None, cfg, sft=True)
-        bar.set_postfix(loss=f"{m['loss']:.3f}")
+            if val_batch is not None and ((s + 1) % cfg.sft.val_every == 0 or s + 1 == cfg.sft.steps):
+                m.update(sft_validation(model, val_batch, cfg, rcfg.temperature))
+        bar.set_postfix(loss=f"{m['loss']:.3f}", **({"val_p": f"{m['val_oracle_prob']:.3f}"} if "val_oracle_prob" in m else {}))
         if rank == 0:
             log.log({"phase": "sft", "step": s, **m})
+        # a policy that already samples the oracle this often gives RL signal, and leaves RL room
+        if cfg.sft.stop_at_val_prob and m.get("val_oracle_prob", 0.0) >= cfg.sft.stop_at_val_prob:
+            if rank == 0:
+                tqdm.write(f"sft: stopped after {s + 1} steps, val_oracle_prob {m['val_oracle_prob']:.3f} "
+                           f">= sft.stop_at_val_prob {cfg.sft.stop_at_val_prob}")
+            break
     return opt
 
 
@@ -738,7 +774,13 @@ def run(cfg: Config, resume: bool = False) -> dict:
 
     # --- optional SFT warm start on oracle trajectories (the paper trains SFT -> RL) -------------
     if cfg.sft.steps and not state.get("sft_done"):
-        sft_opt = sft_warm_start(cfg, model, tok, env, train_tasks[: cfg.sft.num_tasks][rank::world], rcfg, log, rank)
+        n, v = cfg.sft.num_tasks, cfg.sft.val_tasks
+        val_tasks = train_tasks[n:][-v:] if v else []  # the last train tasks: RL's, never SFT's
+        if cfg.sft.stop_at_val_prob and not val_tasks:
+            raise SystemExit(f"sft.stop_at_val_prob needs train tasks beyond the sft.num_tasks={n} SFT trains on; "
+                             f"there are {len(train_tasks)}: add tasks or lower sft.num_tasks")
+        sft_opt = sft_warm_start(cfg, model, tok, env, train_tasks[:n][rank::world], val_tasks[rank::world],
+                                 rcfg, log, rank)
         ckpt = save(0)  # the SFT-only start: RL's step 0, and the engine's first weights
 
     # --- RL: optimizer, engine, policy ---------------------------------------------------------

@@ -1,5 +1,6 @@
 """train.py: config errors, token-budget micro-batches, exact gradient accumulation, atomic
 checkpoints, data order, and (slow) a short real run that is SIGKILLed and resumed."""
+import dataclasses
 import json
 import os
 import signal
@@ -184,6 +185,50 @@ def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir)
     assert second["ratio_max"] - second["ratio_min"] > 1e-3
 
 
+def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_model_dir, docker_env, tmp_path):
+    """SFT on 4 copy tasks, validated on 3 others: val_oracle_prob is the mean chance of sampling
+    each unseen oracle trajectory exactly (checked against a plain forward); with
+    sft.stop_at_val_prob set between two validations, SFT ends at the first one that reaches it."""
+    import env as envmod
+    import rollout
+    from transformers import AutoTokenizer
+    tasks = envmod.generate_easy_tasks(7, seed=3, kinds=["copy"])
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def sft(stop_at, out):
+        cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
+            f"model.path={tiny_model_dir}", "threads=1", "sft.steps=6", "sft.batch_size=4", "sft.lr=1e-2",
+            "sft.val_tasks=3", "sft.val_every=2", f"sft.stop_at_val_prob={stop_at}"])
+        torch.manual_seed(0)
+        model = train.load_model(cfg, "cpu")
+        out.mkdir()
+        log = train.RunLog(out, None, tensorboard=False)
+        rcfg = config.rollout_cfg(cfg)
+        train.sft_warm_start(cfg, model, tok, docker_env, tasks[:4], tasks[4:], rcfg, log)
+        log.close()
+        return model, [r for r in log.records if r["phase"] == "sft"], rcfg
+
+    model, recs, rcfg = sft(0.0, tmp_path / "a")
+    assert [r["step"] for r in recs] == list(range(6))
+    probs = [r.get("val_oracle_prob") for r in recs]
+    assert [p is not None for p in probs] == [False, True] * 3
+    with rollout.ScriptedPolicy(tok, "oracle") as oracle:
+        val = rollout.collect(tasks[4:], oracle, docker_env, dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
+                              group_size=1, progress=False)
+    batch = rollout.make_batch(val, tok.pad_token_id)
+    with torch.no_grad():
+        lp, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+                                    batch.input_ids, temperature=rcfg.temperature)
+    per_traj = (lp * batch.loss_mask).sum(1).double()
+    assert probs[5] == pytest.approx(per_traj.exp().mean().item(), rel=1e-3)
+    assert recs[5]["val_nll"] == pytest.approx((-per_traj.sum() / batch.loss_mask.sum()).item(), rel=1e-4)
+    assert 0 < probs[1] < probs[3], f"SFT on copy tasks should raise the chance of unseen copy demos: {probs}"
+
+    _, stopped, _ = sft((probs[1] + probs[3]) / 2, tmp_path / "b")  # same seed, same data: same numbers
+    assert [r["step"] for r in stopped] == [0, 1, 2, 3]
+    assert stopped[3]["val_oracle_prob"] == pytest.approx(probs[3], rel=1e-4)
+
+
 # --- checkpoints ----------------------------------------------------------------------------
 
 def _write_file(d: Path):
@@ -253,7 +298,7 @@ def test_short_run_then_sigkill_and_resume_keeps_data_order(tiny_model_dir, tmp_
     model = tmp_path / "tiny"
     shutil.copytree(tiny_model_dir, model)
     overrides = ["model.build_tiny=false", f"model.path={model}", "threads=1",
-                 "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=4",
+                 "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=4", "sft.val_tasks=2",
                  "train.steps=3", "train.tasks_per_step=2", "train.group_size=2",
                  "rollout.max_turns=3", "rollout.max_tokens_per_turn=64",
                  "eval.num_tasks=2", "eval.samples=1", "eval.every=0", "checkpoint.every=1",
@@ -313,7 +358,7 @@ def test_torchrun_two_ranks_stay_in_step_and_resume(parallel, tiny_model_dir, tm
     out = tmp_path / "run"
     overrides = ["model.build_tiny=false", f"model.path={model}", "threads=1", "engine.kind=hf",
                  f"train.parallel={parallel}", "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=3",
-                 "train.steps=1", "train.tasks_per_step=3", "train.group_size=2", "train.micro_batch_tokens=300",
+                 "sft.val_tasks=2", "train.steps=1", "train.tasks_per_step=3", "train.group_size=2", "train.micro_batch_tokens=300",
                  "rollout.max_turns=2", "eval.num_tasks=0", "checkpoint.every=1", "checkpoint.keep_last=5",
                  "plot=false", "tensorboard=false", f"out_dir={out}"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
