@@ -659,9 +659,10 @@ def sft_validation(model, batch, cfg: Config, temperature: float) -> dict:
     lp = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
     m = batch.loss_mask
     per_row = (lp * m).sum(1)
-    nll, prob = (-per_row.sum() / m.sum()).item(), per_row.double().exp().mean().item()  # fp32 underflows early on
-    nll, prob = distributed.all_mean([nll, prob], distributed.world_size(), weight=float(len(batch)))
-    return {"val_nll": nll, "val_oracle_prob": prob}
+    world = distributed.world_size()  # ranks score shares of the trajectories: weight by tokens, by rows
+    nll = distributed.all_mean([(-per_row.sum() / m.sum()).item()], world, weight=float(m.sum()))[0]
+    prob = distributed.all_mean([per_row.double().exp().mean().item()], world, weight=float(len(batch)))[0]
+    return {"val_nll": nll, "val_oracle_prob": prob}  # (double: fp32 exp underflows early in SFT)
 
 
 def sft_warm_start(cfg: Config, model, tok, env, tasks, val_tasks, rcfg, log, rank: int = 0):
@@ -776,9 +777,9 @@ def run(cfg: Config, resume: bool = False) -> dict:
     if cfg.sft.steps and not state.get("sft_done"):
         n, v = cfg.sft.num_tasks, cfg.sft.val_tasks
         val_tasks = train_tasks[n:][-v:] if v else []  # the last train tasks: RL's, never SFT's
-        if cfg.sft.stop_at_val_prob and not val_tasks:
-            raise SystemExit(f"sft.stop_at_val_prob needs train tasks beyond the sft.num_tasks={n} SFT trains on; "
-                             f"there are {len(train_tasks)}: add tasks or lower sft.num_tasks")
+        if v and not val_tasks:
+            raise SystemExit(f"sft.val_tasks needs train tasks beyond the sft.num_tasks={n} SFT trains on; "
+                             f"there are {len(train_tasks)}: add tasks, lower sft.num_tasks or set sft.val_tasks=0")
         sft_opt = sft_warm_start(cfg, model, tok, env, train_tasks[:n][rank::world], val_tasks[rank::world],
                                  rcfg, log, rank)
         ckpt = save(0)  # the SFT-only start: RL's step 0, and the engine's first weights
