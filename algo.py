@@ -362,6 +362,12 @@ def zero_variance_filter(r, valid, group_id, max_share):
     return ~dropped[inv], share(int(zero_var.sum())), share(int(dropped.sum()))
 
 
+def rows_with_signal(advantages, sampled, imitation):
+    """[B] bool: rows with a sampled token of nonzero advantage or an imitation token, the rows
+    whose policy-gradient and imitation terms can move the weights."""
+    return ((advantages * sampled).abs().sum(-1) > 0) | (imitation.sum(-1) > 0)
+
+
 def keep_rows(batch: Batch, advantages, cfg: AlgoConfig):
     """Rows that may train, [B] bool: valid, not in a filtered zero-variance group, not a
     negative trajectory longer than max_negative_tokens, and (drop_zero_advantage) not a row
@@ -371,7 +377,7 @@ def keep_rows(batch: Batch, advantages, cfg: AlgoConfig):
     metrics = {"invalid_frac": float((~batch.valid).float().mean()) if len(batch) else 0.0,
                "zero_variance_group_share": 0.0, "filtered_group_share": 0.0, "long_negative_frac": 0.0}
     if cfg.drop_zero_advantage:
-        silent = ((advantages * batch.loss_mask).abs().sum(-1) == 0) & (batch.imitation_mask.sum(-1) == 0)
+        silent = ~rows_with_signal(advantages, batch.loss_mask, batch.imitation_mask)
         metrics["zero_advantage_frac"] = float((silent & batch.valid).float().mean()) if len(batch) else 0.0
         keep &= ~silent
     if cfg.filter_zero_variance:

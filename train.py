@@ -436,7 +436,7 @@ def rows_that_train(batch, advantages, keep, acfg) -> tuple[list[int], object]:
         return rows, None
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.infer_logprobs  # unused by the masks then
     rl, il, _, _ = algo.train_masks(batch, advantages, acfg, old, keep)
-    moves = ((advantages * rl).abs().sum(-1) > 0) | (il.sum(-1) > 0)
+    moves = algo.rows_with_signal(advantages, rl, il)
     return [i for i in rows if moves[i]], rl + il
 
 

@@ -1,7 +1,7 @@
 """The CPU demo over several seeds: held-out success at the SFT-only start and at the end of RL,
 per seed, then the mean and spread of the gain (the figure the README reports).
 
-    python bench/demo_seeds.py                      # seeds 0 1 2 of configs/tiny.yaml (~15 min each)
+    python bench/demo_seeds.py                      # seeds 0 1 2 of configs/tiny.yaml (~13 min each)
     python bench/demo_seeds.py --seeds 0 1 --config configs/tiny.yaml --set train.steps=4
     python bench/demo_seeds.py --no-run             # only summarise runs/<name>-seed<S> already there
 """
