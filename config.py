@@ -54,6 +54,7 @@ class DataConfig:
     eval_split: str = "heldout"            # generated eval tasks: "heldout" = unseen names and words;
     #                                        "train" = the train vocabulary in new combinations (eval_seed)
     eval_seed: int = 0
+    generated_kinds: list = field(default_factory=list)  # env.EASY_KINDS to generate (train and eval); [] = all
 
 
 @dataclass
@@ -259,6 +260,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16"))]:
         if val not in allowed:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
+    from env import EASY_KINDS
+    if bad := [k for k in cfg.data.generated_kinds if k not in EASY_KINDS]:
+        raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad}; choose from {EASY_KINDS}")
     if cfg.train.group_size < 1 or cfg.train.tasks_per_step < 1:
         raise ConfigError("train.group_size and train.tasks_per_step must be >= 1")
     if not 0.0 <= cfg.sft.stop_at_val_prob < 1.0:

@@ -606,12 +606,13 @@ def evaluate_success(policy, env, tasks, rcfg, cfg: Config) -> tuple[float, list
 def load_task_sets(cfg: Config):
     import env
     d = cfg.data
+    kinds = d.generated_kinds or None
     if d.train_tasks == "generated":
-        train = env.generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train")
+        train = env.generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
     else:
         train = env.load_tasks(d.train_tasks)
     if d.eval_tasks == "generated":
-        held = env.generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split)
+        held = env.generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
         seen = {t.instruction for t in train}
         held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
     elif d.eval_tasks:

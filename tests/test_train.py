@@ -38,12 +38,20 @@ def test_config_loads_and_overrides():
     ("model.lora=maybe", "'model.lora' expects bool"),
     ("train.mode=turbo", "'train.mode' is 'turbo'"),
     ("algo.loss=reinforce", "algo.loss"),
+    ("data.generated_kinds=[copy,move]", "unknown kinds ['move']"),
     ("nonsense", "expected key=value"),
 ])
 def test_config_errors_name_the_key(override, needle):
     with pytest.raises(config.ConfigError) as e:
         config.load_config(ROOT / "configs" / "tiny.yaml", [override])
     assert needle in str(e.value)
+
+
+def test_generated_kinds_restrict_train_and_eval_tasks():
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["data.generated_kinds=[copy,rename]"])
+    train_tasks, held = train.load_task_sets(cfg)
+    assert {t.metadata["kind"] for t in train_tasks} == {t.metadata["kind"] for t in held} == {"copy", "rename"}
+    assert not {t.instruction for t in held} & {t.instruction for t in train_tasks}
 
 
 def test_every_shipped_config_loads():
