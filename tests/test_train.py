@@ -15,6 +15,7 @@ import torch
 import algo
 import distributed
 import config
+import rundir
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,7 +211,7 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
         torch.manual_seed(0)
         model = train.load_model(cfg, "cpu")
         out.mkdir()
-        log = train.RunLog(out, None, tensorboard=False)
+        log = rundir.RunLog(out, None, tensorboard=False)
         rcfg = config.rollout_cfg(cfg)
         train.sft_warm_start(cfg, model, tok, docker_env, tasks[:4], tasks[4:], rcfg, log)
         log.close()
@@ -247,24 +248,24 @@ def _write_file(d: Path):
 def test_checkpoints_are_atomic_and_keep_the_last_k(tmp_path):
     root = tmp_path / "ckpt"
     for step in range(1, 6):
-        train.save_checkpoint(root, step, _write_file, {"step": step}, keep_last=2)
+        rundir.save_checkpoint(root, step, _write_file, {"step": step}, keep_last=2)
     assert sorted(p.name for p in root.glob("step_*")) == ["step_000004", "step_000005"]
-    assert train.latest_checkpoint(root).name == "step_000005"
+    assert rundir.latest_checkpoint(root).name == "step_000005"
 
     def killed_mid_save(d: Path):
         _write_file(d)
         raise KeyboardInterrupt("killed while writing")
     with pytest.raises(KeyboardInterrupt):
-        train.save_checkpoint(root, 6, killed_mid_save, {"step": 6}, keep_last=2)
-    latest = train.latest_checkpoint(root)  # still the last complete one
+        rundir.save_checkpoint(root, 6, killed_mid_save, {"step": 6}, keep_last=2)
+    latest = rundir.latest_checkpoint(root)  # still the last complete one
     assert latest.name == "step_000005" and torch.load(latest / "trainer.pt")["step"] == 5
     assert not (root / "step_000006").exists() and list(root.glob(".tmp-*"))
     # the next save (here: another process, as after a restart) sweeps the half-written directory away
-    subprocess.run([sys.executable, "-c", "import sys, train; from pathlib import Path; "
-                    "train.save_checkpoint(Path(sys.argv[1]), 7, lambda d: d.mkdir(), {'step': 7}, 2)",
+    subprocess.run([sys.executable, "-c", "import sys, rundir; from pathlib import Path; "
+                    "rundir.save_checkpoint(Path(sys.argv[1]), 7, lambda d: d.mkdir(), {'step': 7}, 2)",
                     str(root)], cwd=ROOT, check=True)
     assert not list(root.glob(".tmp-*"))
-    assert train.latest_checkpoint(root).name == "step_000007"
+    assert rundir.latest_checkpoint(root).name == "step_000007"
 
 
 def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_path):
@@ -274,7 +275,7 @@ def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_pat
     for lora in (False, True):
         cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}", f"model.lora={lora}"])
         model = train.load_model(cfg, "cpu")
-        ckpt = train.save_checkpoint(tmp_path / f"lora{lora}", 1, lambda d: train.save_model(model, tok, d),
+        ckpt = rundir.save_checkpoint(tmp_path / f"lora{lora}", 1, lambda d: train.save_model(model, tok, d),
                                      {"step": 1}, 1)
         path = ckpt / "model"
         if lora:
