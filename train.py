@@ -508,26 +508,48 @@ def sft_warm_start(cfg: Config, model, tok, env, tasks, val_tasks, rcfg, log, ra
         raise SystemExit(f"SFT validation: no oracle trajectory of the {cfg.sft.val_tasks} sft.val_tasks passed its tests "
                          f"on some rank; raise sft.val_tasks or check the tasks with `python env.py validate`")
     val_batch = rollout.make_batch(val, tok.pad_token_id) if val else None
-    opt, sched = make_optimizer(model, cfg.sft.lr, cfg.train.weight_decay, cfg.train.adam_betas,
-                                cfg.sft.warmup_steps, cfg.sft.steps, "cosine")
-    rng = random.Random(f"sft-{cfg.seed}")
-    bar = tqdm(range(cfg.sft.steps), desc="sft", disable=rank != 0)
-    for s in bar:
-        picked = rng.sample(demos, min(cfg.sft.batch_size, len(demos)))[rank::world]
-        with torch_threads(cfg.threads):
-            m = update(model, opt, sched, rollout.make_batch(picked, tok.pad_token_id), None, cfg, sft=True)
-            if val_batch is not None and ((s + 1) % cfg.sft.val_every == 0 or s + 1 == cfg.sft.steps):
-                m.update(sft_validation(model, val_batch, cfg, rcfg.temperature))
-        bar.set_postfix(loss=f"{m['loss']:.3f}", **({"val_p": f"{m['val_oracle_prob']:.3f}"} if "val_oracle_prob" in m else {}))
-        if rank == 0:
-            log.log({"phase": "sft", "step": s, **m})
-        # a policy that already samples the oracle this often gives RL signal, and leaves RL room
-        if cfg.sft.stop_at_val_prob and m.get("val_oracle_prob", 0.0) >= cfg.sft.stop_at_val_prob:
+    if cfg.sft.restarts and world > 1:
+        raise SystemExit("sft.restarts runs on one process; set sft.restarts=0 under torchrun")
+    for attempt in range(cfg.sft.restarts + 1):
+        if attempt:
+            fresh_weights(model, cfg, cfg.seed + 1000 * attempt)
+        opt, sched = make_optimizer(model, cfg.sft.lr, cfg.train.weight_decay, cfg.train.adam_betas,
+                                    cfg.sft.warmup_steps, cfg.sft.steps, "cosine")
+        rng = random.Random(f"sft-{cfg.seed}" + (f"-{attempt}" if attempt else ""))
+        bar = tqdm(range(cfg.sft.steps), desc=f"sft (restart {attempt})" if attempt else "sft", disable=rank != 0)
+        for s in bar:
+            picked = rng.sample(demos, min(cfg.sft.batch_size, len(demos)))[rank::world]
+            with torch_threads(cfg.threads):
+                m = update(model, opt, sched, rollout.make_batch(picked, tok.pad_token_id), None, cfg, sft=True)
+                if val_batch is not None and ((s + 1) % cfg.sft.val_every == 0 or s + 1 == cfg.sft.steps):
+                    m.update(sft_validation(model, val_batch, cfg, rcfg.temperature))
+            bar.set_postfix(loss=f"{m['loss']:.3f}", **({"val_p": f"{m['val_oracle_prob']:.3f}"} if "val_oracle_prob" in m else {}))
             if rank == 0:
-                tqdm.write(f"sft: stopped after {s + 1} steps, val_oracle_prob {m['val_oracle_prob']:.3f} "
-                           f">= sft.stop_at_val_prob {cfg.sft.stop_at_val_prob}")
+                log.log({"phase": "sft", "step": s, **m, **({"restart": attempt} if attempt else {})})
+            # a policy that already samples the oracle this often gives RL signal, and leaves RL room
+            if cfg.sft.stop_at_val_prob and m.get("val_oracle_prob", 0.0) >= cfg.sft.stop_at_val_prob:
+                if rank == 0:
+                    tqdm.write(f"sft: stopped after {s + 1} steps, val_oracle_prob {m['val_oracle_prob']:.3f} "
+                               f">= sft.stop_at_val_prob {cfg.sft.stop_at_val_prob}")
+                break
+        # when a small model starts to copy from its prompt is a draw on its init and data order (README)
+        if attempt == cfg.sft.restarts or m["val_oracle_prob"] >= cfg.sft.restart_below:
             break
+        tqdm.write(f"sft: val_oracle_prob {m['val_oracle_prob']:.3f} < sft.restart_below {cfg.sft.restart_below} "
+                   f"after {s + 1} steps: restart {attempt + 1} of {cfg.sft.restarts} from fresh weights")
     return opt
+
+
+def fresh_weights(model, cfg: Config, seed: int):
+    """An SFT restart's start: a new random init for a model built from scratch, else the pretrained weights again."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    if cfg.model.build_tiny:
+        src = AutoModelForCausalLM.from_config(model.config)
+    else:
+        src = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=model.dtype)
+    model.load_state_dict(src.state_dict())
 
 
 def run(cfg: Config, resume: bool = False) -> dict:

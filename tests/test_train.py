@@ -40,6 +40,7 @@ def test_config_loads_and_overrides():
     ("train.mode=turbo", "'train.mode' is 'turbo'"),
     ("algo.loss=reinforce", "algo.loss"),
     ("data.generated_kinds=[copy,move]", "unknown kinds ['move']"),
+    ("sft.restarts=1", "sft.restart_below must be in (0, 1)"),
     ("nonsense", "expected key=value"),
 ])
 def test_config_errors_name_the_key(override, needle):
@@ -239,6 +240,40 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
 
 
 # --- checkpoints ----------------------------------------------------------------------------
+
+
+def test_sft_restarts_from_fresh_weights_while_validation_stays_low(tiny_model_dir, docker_env, tmp_path):
+    """SFT that ends with val_oracle_prob under sft.restart_below starts over from a new init (its
+    first loss is an untrained model's again) with a new data order, at most sft.restarts times."""
+    import env as envmod
+    from transformers import AutoTokenizer
+    tasks = envmod.generate_easy_tasks(7, seed=3, kinds=["copy"])
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def sft(below, out):
+        cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
+            f"model.path={tiny_model_dir}", "threads=1", "sft.steps=4", "sft.batch_size=4", "sft.lr=1e-2",
+            "sft.warmup_steps=0", "sft.val_tasks=3", "sft.val_every=2", "sft.restarts=2", f"sft.restart_below={below}"])
+        torch.manual_seed(0)
+        model = train.load_model(cfg, "cpu")
+        out.mkdir()
+        log = rundir.RunLog(out, None, tensorboard=False)
+        train.sft_warm_start(cfg, model, tok, docker_env, tasks[:4], tasks[4:], config.rollout_cfg(cfg), log)
+        log.close()
+        return log.records
+
+    recs = sft(0.999, tmp_path / "a")  # out of reach: the first run and both restarts
+    runs = [[r for r in recs if r.get("restart", 0) == k] for k in range(3)]
+    assert [[r["step"] for r in run] for run in runs] == [list(range(4))] * 3
+    assert all(r["val_oracle_prob"] < 0.999 for r in recs if "val_oracle_prob" in r)
+    for run in runs[1:]:
+        assert run[0]["loss"] > runs[0][-1]["loss"] + 1.0, "a restart starts from untrained weights"
+    assert runs[1][0]["loss"] != runs[2][0]["loss"]  # another init, another batch
+    assert "sft: 4 steps after 2 restart(s)" in rundir.summary(recs, 1.0, tmp_path)
+
+    kept = sft(runs[0][-1]["val_oracle_prob"], tmp_path / "b")  # the first run reaches it: no restart
+    assert [r["step"] for r in kept] == list(range(4)) and not any("restart" in r for r in kept)
+    assert kept == runs[0]  # the same first run: a restart option changes nothing until it fires
 
 def _write_file(d: Path):
     d.mkdir(parents=True)
