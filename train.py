@@ -508,8 +508,6 @@ def sft_warm_start(cfg: Config, model, tok, env, tasks, val_tasks, rcfg, log, ra
         raise SystemExit(f"SFT validation: no oracle trajectory of the {cfg.sft.val_tasks} sft.val_tasks passed its tests "
                          f"on some rank; raise sft.val_tasks or check the tasks with `python env.py validate`")
     val_batch = rollout.make_batch(val, tok.pad_token_id) if val else None
-    if cfg.sft.restarts and world > 1:
-        raise SystemExit("sft.restarts runs on one process; set sft.restarts=0 under torchrun")
     for attempt in range(cfg.sft.restarts + 1):
         if attempt:
             fresh_weights(model, cfg, cfg.seed + 1000 * attempt)
@@ -564,6 +562,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
     if world > 1 and (cfg.train.tasks_per_step < world or (cfg.sft.steps and cfg.sft.batch_size < world)):
         raise SystemExit(f"{world} ranks each train on a share of every batch: train.tasks_per_step "
                          f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be >= {world}")
+    if world > 1 and cfg.sft.steps and cfg.sft.restarts:
+        raise SystemExit("sft.restarts runs on one process; set sft.restarts=0 under torchrun")
     out = Path(cfg.out_dir)
     ckpt_root = out / "checkpoints"
     out.mkdir(parents=True, exist_ok=True)
