@@ -43,8 +43,9 @@ def main(argv=None):
         name = f"{base.run_name}-seed{seed}"
         run_dir = Path(config.load_config(args.config, args.set + [f"run_name={name}"]).out_dir)
         if not args.no_run:
-            cmd = [sys.executable, str(ROOT / "train.py"), "--config", args.config, "--set", f"seed={seed}",
-                   "--set", f"run_name={name}"] + [a for kv in args.set for a in ("--set", kv)]
+            # the seed's own keys go last: a --set run_name=X names the series, it must not merge its runs
+            cmd = [sys.executable, str(ROOT / "train.py"), "--config", args.config] + [
+                a for kv in args.set + [f"seed={seed}", f"run_name={name}"] for a in ("--set", kv)]
             print("$", " ".join(cmd), flush=True)
             subprocess.run(cmd, check=True, cwd=ROOT)
         if not (run_dir / "metrics.jsonl").exists():
