@@ -262,9 +262,10 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16"))]:
         if val not in allowed:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
-    from env import EASY_KINDS
-    if bad := [k for k in cfg.data.generated_kinds if k not in EASY_KINDS]:
-        raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad}; choose from {EASY_KINDS}")
+    if cfg.data.generated_kinds:  # env (and its docker import) only when there is something to check
+        from env import EASY_KINDS
+        if bad := [k for k in cfg.data.generated_kinds if k not in EASY_KINDS]:
+            raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad}; choose from {EASY_KINDS}")
     if cfg.train.group_size < 1 or cfg.train.tasks_per_step < 1:
         raise ConfigError("train.group_size and train.tasks_per_step must be >= 1")
     if not 0.0 <= cfg.sft.stop_at_val_prob < 1.0:
