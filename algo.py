@@ -73,6 +73,9 @@ class Batch:
       group_id        LongTensor   same task = same group (the GRPO / RLOO grouping key).
       policy_version  LongTensor   policy version that started the trajectory (staleness).
       finish_reason   list[str]    why the episode ended (rollout.py's finish reasons).
+    Optional [B,T]:
+      unparsed        BoolTensor | None  True on the tokens of assistant turns whose tool call
+                                   did not parse (the environment answered with an error).
     """
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -87,6 +90,7 @@ class Batch:
     policy_version: torch.Tensor
     finish_reason: list = field(default_factory=list)
     old_logprobs: torch.Tensor | None = None
+    unparsed: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -117,8 +121,7 @@ class Batch:
         if B is None:
             raise ValueError(f"Batch.input_ids must be [B,T], got shape {tuple(self.input_ids.shape)}")
         per_token = ["attention_mask", "loss_mask", "imitation_mask", "chunk_ids", "infer_logprobs"]
-        if self.old_logprobs is not None:
-            per_token.append("old_logprobs")
+        per_token += [n for n in ("old_logprobs", "unparsed") if getattr(self, n) is not None]
         for name in per_token:
             shape = tuple(getattr(self, name).shape)
             if shape != (B, T):
@@ -181,6 +184,8 @@ class AlgoConfig:
     #                                     (the expert succeeded, R = 1) | "return" = this row's G_k
     kl_coef: float = 0.0           # k3 KL to ref_logprobs, per sampled token
     entropy_coef: float = 0.0      # entropy bonus, per sampled token
+    credit_unparsed: bool = False  # False: a turn whose tool call did not parse gets no positive
+                                   # advantage (a success after it would reinforce it)
     max_negative_tokens: int | None = None  # mask negative trajectories longer than this
     #                                         (attention_mask tokens); paper fixed a collapse at ~20k
     drop_zero_advantage: bool = False  # drop rows with advantage 0 on every sampled token and no
@@ -327,11 +332,16 @@ def chunk_discount(chunk_ids, num_chunks, gamma):
 def compute_advantages(batch: Batch, cfg: AlgoConfig):
     """[B,T] per-token advantages: chunk returns G_k = γ^(K−1−k)·A (Eq. 7) with A the trajectory
     advantage from `baseline_advantages`, broadcast over chunk k's tokens (sampled and
-    prefilled); 0 off chunks and on invalid rows. γ = 1 gives plain trajectory-level advantages."""
+    prefilled); 0 off chunks and on invalid rows. γ = 1 gives plain trajectory-level advantages.
+    Unless cfg.credit_unparsed, positive G_k is 0 on turns whose tool call did not parse: under
+    γ < 1 the garbage turns after a task already done would get the largest credit of all."""
     batch.validate()
     r = shaped_rewards(batch.reward, batch.valid, cfg.negative_reward)
     a = baseline_advantages(r, batch.valid, batch.group_id, cfg.baseline, cfg.std_normalize, cfg.std_eps)
-    return chunk_discount(batch.chunk_ids, batch.num_chunks, cfg.gamma) * a[:, None]
+    adv = chunk_discount(batch.chunk_ids, batch.num_chunks, cfg.gamma) * a[:, None]
+    if batch.unparsed is not None and not cfg.credit_unparsed:
+        adv = torch.where(batch.unparsed & (adv > 0), torch.zeros_like(adv), adv)
+    return adv
 
 
 # --------------------------------------------------------------------------------------------

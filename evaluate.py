@@ -686,14 +686,14 @@ def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
         modes = {"oracle": ("oracle", ()), "noop": ("fixed", ()), "garbage": ("garbage", ())}
         mode, cmds = modes[kind]
         return rollout.Policy(rollout.ScriptedEngine(tok, mode, commands=cmds), tok,
-                              template_kwargs=tkw), {**info, "engine": "scripted"}
+                              template_kwargs=tkw, tools=rcfg.tools), {**info, "engine": "scripted"}
     import train  # its engine recipe (dtype, KV cache, LoRA) so train-time and eval numbers agree
     device = train.pick_device(cfg)
     if adapter is not None:  # the engine must accept this adapter whatever the config says
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, lora=True, lora_rank=_lora_rank(adapter, cfg.model.lora_rank)))
     policy = rollout.Policy(train.make_engine(cfg, base, device), tok, version=version,
-                            template_kwargs=tkw)
+                            template_kwargs=tkw, tools=rcfg.tools)
     if adapter is not None:
         policy.load_lora(adapter, version)
     return policy, {**info, "engine": cfg.engine.kind, "device": device}

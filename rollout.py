@@ -105,8 +105,15 @@ class RolloutConfig:
     prefill_prob: float = 0.0           # share of episodes that start from an oracle prefix
     system_prompt: str = SYSTEM_PROMPT
     chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {"enable_thinking": False}
+    # The tool schemas in the system turn (the template's <tools> block). A model trained from
+    # scratch on this format gains nothing from ~200 constant tokens, and they dilute its attention.
+    tools_in_prompt: bool = True
     check_tokens: bool = True           # per-turn decode/re-tokenise check (metrics only)
     seed: int = 0
+
+    @property
+    def tools(self):
+        return TOOLS if self.tools_in_prompt else None
 
 
 @dataclass
@@ -125,6 +132,7 @@ class Trajectory:
     policy_version: int = 0
     num_turns: int = 0
     prefill_k: int = 0
+    unparsed_chunks: list = field(default_factory=list)  # k of each turn whose tool call did not parse
     prompt_len: int = 0
     timings: dict = field(default_factory=dict)
     grade: dict = field(default_factory=dict)
@@ -537,9 +545,9 @@ class Policy:
     """The model the episodes talk to: an engine, its tokenizer, a version, and a loop thread
     that adds every pending request to the engine and steps it, so many episodes share batches."""
 
-    def __init__(self, engine, tokenizer, version=0, template_kwargs=None):
+    def __init__(self, engine, tokenizer, version=0, template_kwargs=None, tools=TOOLS):
         self.engine, self.tokenizer, self.version = engine, tokenizer, version
-        self.chat = ChatFormat(tokenizer, template_kwargs=template_kwargs)
+        self.chat = ChatFormat(tokenizer, tools=tools, template_kwargs=template_kwargs)
         self.gen_busy_s = 0.0                # time the engine spent stepping (for overlap figures)
         self._queue = queue.Queue()
         self._futures = {}
@@ -629,9 +637,11 @@ class Policy:
         self.close()
 
 
-def ScriptedPolicy(tokenizer, mode="oracle", latency_s=0.0, commands=("echo ok",), seed=0) -> Policy:
+def ScriptedPolicy(tokenizer, mode="oracle", latency_s=0.0, commands=("echo ok",), seed=0,
+                   template_kwargs=None, tools=TOOLS) -> Policy:
     """A Policy whose engine is a ScriptedEngine (oracle replay / garbage / fixed latency)."""
-    return Policy(ScriptedEngine(tokenizer, mode, latency_s, commands, seed), tokenizer)
+    return Policy(ScriptedEngine(tokenizer, mode, latency_s, commands, seed), tokenizer,
+                  template_kwargs=template_kwargs, tools=tools)
 
 
 def sync_check(policy_or_engine, sequences, trainer_logprobs, masks=None) -> dict:
@@ -730,6 +740,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
             if err:
                 invalid += 1
                 traj.metrics["invalid_turns"] += 1
+                traj.unparsed_chunks.append(turn - 1)
                 if invalid >= cfg.max_invalid_turns:
                     finish = "invalid_tool_calls"
                     break
@@ -886,6 +897,8 @@ def make_batch(trajectories, pad_id: int) -> Batch:
         group_id=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
         policy_version=torch.tensor([t.policy_version for t in trajectories], dtype=torch.long),
         finish_reason=[t.finish_reason for t in trajectories],
+        unparsed=pad([[c >= 0 and c in t.unparsed_chunks for c in t.chunk_ids] for t in trajectories],
+                     False, torch.bool),
     )
 
 

@@ -452,7 +452,7 @@ def make_env():
                          f"`systemctl start docker`) and make sure this user may use /var/run/docker.sock.")
 
 
-def oracle_corpus(tasks, system_prompt: str, n: int = 256) -> list[str]:
+def oracle_corpus(tasks, system_prompt: str, n: int = 256, tools=None) -> list[str]:
     """Rendered oracle conversations of the train tasks: the tiny tokenizer learns merges for them."""
     import env
     import rollout
@@ -465,7 +465,7 @@ def oracle_corpus(tasks, system_prompt: str, n: int = 256) -> list[str]:
             msgs.append({"role": "assistant", "content": rollout.tool_call_text("bash", {"command": c})})
             msgs.append({"role": "tool", "content": "[exit code: 0]"})
         msgs.append({"role": "assistant", "content": rollout.tool_call_text("submit", {})})
-        out.append(tok.apply_chat_template(msgs, tools=rollout.TOOLS, tokenize=False))
+        out.append(tok.apply_chat_template(msgs, tools=tools, tokenize=False))
     return out
 
 
@@ -489,7 +489,8 @@ def sft_warm_start(cfg: Config, model, tok, env, tasks, val_tasks, rcfg, log, ra
     """NLL on the assistant tokens of oracle trajectories, rendered exactly as the agent's own turns."""
     import rollout
     from tqdm import tqdm
-    with rollout.ScriptedPolicy(tok, "oracle") as oracle:  # real containers: real tool outputs
+    with rollout.ScriptedPolicy(tok, "oracle", template_kwargs=rcfg.chat_template_kwargs,
+                                tools=rcfg.tools) as oracle:  # real containers: real tool outputs
         demos = rollout.collect(tasks + val_tasks, oracle, env,
                                 dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
                                 group_size=1, progress=rank == 0)
@@ -582,7 +583,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
             import env
             corpus_tasks = [t for split in ("train", "heldout")
                             for t in env.generate_easy_tasks(512, seed=cfg.data.generated_seed, split=split)]
-        tiny.build_tiny_model(cfg.model.path, corpus=oracle_corpus(corpus_tasks, rcfg.system_prompt, n=len(corpus_tasks)),
+        tiny.build_tiny_model(cfg.model.path, corpus=oracle_corpus(corpus_tasks, rcfg.system_prompt, n=len(corpus_tasks), tools=rcfg.tools),
                               **{"seed": cfg.seed, **cfg.model.tiny})
     if world > 1:
         torch.distributed.barrier()
@@ -649,7 +650,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
         set_rng_state(state["rng"])
     full_ckpt = ckpt is not None and not cfg.model.lora
     engine = make_engine(cfg, ckpt / "model" if full_ckpt else cfg.model.path, device)
-    policy = rollout.Policy(engine, tok, version=start, template_kwargs=rcfg.chat_template_kwargs)
+    policy = rollout.Policy(engine, tok, version=start, template_kwargs=rcfg.chat_template_kwargs,
+                            tools=rcfg.tools)
     if ckpt is not None and cfg.model.lora:
         policy.load_lora(ckpt / "model", start)
 

@@ -53,7 +53,8 @@ def main():
     tasks = train.load_task_sets(cfg)[0][: a.tasks]
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    policy = rollout.Policy(train.make_engine(cfg, a.model, "cpu"), tok)
+    policy = rollout.Policy(train.make_engine(cfg, a.model, "cpu"), tok,
+                            template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools)
     env = train.make_env()
     if a.sgd:
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr)

@@ -59,7 +59,7 @@ def throughput(cfg, repeats: int):
     trajs = []
     with envmod.Env() as env:
         for mode in ("oracle", "garbage"):
-            with rollout.ScriptedPolicy(tok, mode) as pol:
+            with rollout.ScriptedPolicy(tok, mode, template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools) as pol:
                 trajs += rollout.collect(tasks, pol, env, rcfg, group_size=2, progress=False)
     batch = rollout.make_batch(trajs, tok.pad_token_id)
     # the scripted engines report log-prob 0; give the batch plausible engine log-probs and rewards

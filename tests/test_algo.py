@@ -1,6 +1,7 @@
 """algo.py against numbers computed independently here (plain Python loops and math), plus
 gradient checks that fail on the mistakes that matter: importance weights on the wrong side,
 leaky masks, NaNs on empty batches, micro-batches that do not add up."""
+import dataclasses
 import math
 import statistics
 
@@ -196,6 +197,22 @@ def test_chunk_returns_discount_per_turn_and_zero_off_chunks():
     assert adv[0, 2].item() == pytest.approx(0.125) and adv[0, 8].item() == pytest.approx(0.5)
     flat = algo.compute_advantages(b, AlgoConfig(baseline="grpo", gamma=1.0, negative_reward=None))
     assert flat[0][b.chunk_ids[0] >= 0].tolist() == [0.5] * 7
+
+
+def test_unparsed_turns_get_no_positive_credit():
+    # a success whose last two turns did not parse, and a failure with one unparsed turn
+    b = build_batch(["paaoaaoaa", "paaoaa"], [1.0, 0.0], groups=[0, 0])
+    b.unparsed = (b.chunk_ids >= 1) & torch.tensor([[True], [False]]) | (b.chunk_ids == 0) & torch.tensor([[False], [True]])
+    cfg = AlgoConfig(baseline="grpo", gamma=0.5, negative_reward=None)
+    credited = algo.compute_advantages(b, dataclasses.replace(cfg, credit_unparsed=True))
+    adv = algo.compute_advantages(b, cfg)
+    assert (credited[0][b.chunk_ids[0] >= 0] > 0).all() and (credited[1][b.chunk_ids[1] >= 0] < 0).all()
+    assert torch.equal(adv[0], torch.where(b.unparsed[0], 0.0, credited[0]))  # positive: zeroed there
+    assert adv[0][b.chunk_ids[0] == 0].gt(0).all()                          # the parsed turn keeps it
+    assert torch.equal(adv[1], credited[1])  # a negative advantage still pushes an unparsed turn down
+    b.unparsed = b.unparsed[:, :3]
+    with pytest.raises(ValueError, match="Batch.unparsed"):
+        algo.compute_advantages(b, cfg)
 
 
 # ------------------------------------------------------------------------------------------

@@ -249,6 +249,25 @@ def test_garbage_policy_is_handled(tiny_tokenizer, docker_env, easy_tasks):
         assert t.metrics["invalid_turns"] == 3 and t.num_turns == 3
         assert "Error:" in t.messages[3]["content"] and "<tool_call>" in t.messages[3]["content"]
         assert_token_exact(t, policy.chat)
+        assert t.unparsed_chunks == [0, 1, 2]
+    b = R.make_batch(trajs, tiny_tokenizer.pad_token_id)
+    assert torch.equal(b.unparsed, b.chunk_ids >= 0) and b.unparsed.any()
+
+
+def test_prompt_without_tool_schemas(tiny_tokenizer, docker_env, easy_tasks):
+    # tools_in_prompt: false drops the template's <tools> block; tool calls still parse and run
+    cfg = R.RolloutConfig(max_turns=8, max_tokens_per_turn=256, max_context=4096, num_workers=2,
+                          tools_in_prompt=False)
+    with R.ScriptedPolicy(tiny_tokenizer, "oracle", tools=cfg.tools) as bare, R.ScriptedPolicy(tiny_tokenizer, "oracle") as full:
+        short = R.collect(easy_tasks[:2], bare, docker_env, cfg, group_size=1, progress=False)
+        long = R.collect(easy_tasks[:2], full, docker_env, dataclasses.replace(cfg, tools_in_prompt=True),
+                         group_size=1, progress=False)
+    for s, lg in zip(sorted(short, key=lambda t: t.task_name), sorted(long, key=lambda t: t.task_name)):
+        assert (s.finish_reason, s.reward, lg.reward) == ("submitted", 1.0, 1.0)
+        assert_token_exact(s, bare.chat) and s.unparsed_chunks == []
+        text = tiny_tokenizer.decode(s.token_ids[:s.prompt_len])
+        assert "<tools>" not in text and "<tools>" in tiny_tokenizer.decode(lg.token_ids[:lg.prompt_len])
+        assert s.prompt_len < lg.prompt_len - 100 and s.num_turns == lg.num_turns
 
 
 @pytest.mark.parametrize("mode,commands,overrides,reason", [

@@ -208,7 +208,8 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
     def sft(stop_at, out):
         cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
             f"model.path={tiny_model_dir}", "threads=1", "sft.steps=6", "sft.batch_size=4", "sft.lr=1e-2",
-            "sft.val_tasks=3", "sft.val_every=2", f"sft.stop_at_val_prob={stop_at}"])
+            "sft.val_tasks=3", "sft.val_every=2", f"sft.stop_at_val_prob={stop_at}",
+            "rollout.tools_in_prompt=true"])  # the prompt these step-by-step figures were chosen on
         torch.manual_seed(0)
         model = train.load_model(cfg, "cpu")
         out.mkdir()
@@ -222,7 +223,7 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
     assert [r["step"] for r in recs] == list(range(6))
     probs = [r.get("val_oracle_prob") for r in recs]
     assert [p is not None for p in probs] == [False, True] * 3
-    with rollout.ScriptedPolicy(tok, "oracle") as oracle:
+    with rollout.ScriptedPolicy(tok, "oracle", tools=rcfg.tools) as oracle:  # rendered as SFT renders them
         val = rollout.collect(tasks[4:], oracle, docker_env, dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
                               group_size=1, progress=False)
     batch = rollout.make_batch(val, tok.pad_token_id)
