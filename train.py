@@ -452,8 +452,9 @@ def make_env():
                          f"`systemctl start docker`) and make sure this user may use /var/run/docker.sock.")
 
 
-def oracle_corpus(tasks, system_prompt: str, n: int = 256, tools=None) -> list[str]:
-    """Rendered oracle conversations of the train tasks: the tiny tokenizer learns merges for them."""
+def oracle_corpus(tasks, system_prompt: str, tools, n: int = 256) -> list[str]:
+    """Rendered oracle conversations of the train tasks (with `tools` in the system turn, as the
+    rollout renders them): the tiny tokenizer learns merges for them."""
     import env
     import rollout
     import tiny
