@@ -109,7 +109,7 @@ class EvalConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 5                         # RL steps between checkpoints (and always at the end)
-    keep_last: int = 3
+    keep_last: int = 3                     # checkpoints kept besides step 0 (the SFT-only start, always kept)
 
 
 @dataclass

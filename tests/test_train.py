@@ -281,6 +281,15 @@ def _write_file(d: Path):
     (d / "weights.bin").write_bytes(os.urandom(64))
 
 
+def test_keep_last_keeps_the_sft_only_start(tmp_path):
+    """Bug: checkpoint.keep_last: 2 deleted step_000000, the SFT-only start the README's
+    bench_learning command points at (and every RL gain is measured against)."""
+    root = tmp_path / "ckpt"
+    for step in (0, 10, 20, 30):
+        rundir.save_checkpoint(root, step, _write_file, {"step": step}, keep_last=2)
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000000", "step_000020", "step_000030"]
+
+
 def test_checkpoints_are_atomic_and_keep_the_last_k(tmp_path):
     root = tmp_path / "ckpt"
     for step in range(1, 6):
