@@ -240,6 +240,38 @@ def test_keep_rows_masks_long_negatives_and_invalid_rows():
     assert m["long_negative_frac"] == 0.25 and m["invalid_frac"] == 0.25
 
 
+def test_negative_of_exactly_max_negative_tokens_is_kept():
+    """The bound is inclusive: "longer than max_negative_tokens" masks 5 tokens, not 4. Catches an
+    off-by-one (`>=` for `>`, or counting only sampled tokens) that silently drops every negative
+    trajectory that just fits the configured budget."""
+    b = build_batch(["paaa", "paaaa", "pppa", "paaaa"], [0.0, 0.0, 0.0, 1.0])  # 4, 5, 4, 5 tokens
+    cfg = AlgoConfig(max_negative_tokens=4)  # baseline none, failures -> -1
+    keep, m = algo.keep_rows(b, algo.compute_advantages(b, cfg), cfg)
+    assert keep.tolist() == [True, False, True, True]  # the length counts prompt tokens too (row 2)
+    assert m["long_negative_frac"] == 0.25
+
+
+@pytest.mark.parametrize("loss_name", ["ppo", "gspo", "ipa"])
+def test_huge_log_ratio_on_a_trained_token_stays_finite(loss_name):
+    """A sampled, unmasked token whose π_θ/π_old is e^2000 (a stale π_old, a bf16 underflow) on a
+    negative trajectory: the loss, its gradient and every metric stay finite, and the ratio the
+    loss used is capped (at most e^20). Catches a log-ratio guard that is removed, applied only to
+    masked-out tokens, or applied before a sum that overflows again (exp(inf) -> inf, inf*0 -> NaN)."""
+    b = build_batch(["paaoaa", "paa"], [0.0, 1.0], groups=[0, 0])
+    lp = rand_lp(b, seed=7).requires_grad_()
+    b.old_logprobs = lp.detach().clone()
+    b.old_logprobs[0, 1] -= 2000.0          # trained token (loss_mask 1, valid row, kept)
+    b.infer_logprobs = b.old_logprobs.clone()  # no train-inference mismatch: nothing masks it
+    cfg = AlgoConfig(loss=loss_name, baseline="grpo", negative_reward=-1.0)
+    adv = algo.compute_advantages(b, cfg)
+    assert adv[0, 1] < 0 and b.loss_mask[0, 1] == 1
+    loss, m = algo.policy_loss(lp, b, adv, cfg)
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.isfinite(lp.grad).all(), (loss, lp.grad)
+    assert all(math.isfinite(v) for v in m.values()), m
+    assert m["ratio_max"] <= math.exp(algo.MAX_LOG_RATIO) * (1 + 1e-9)
+
+
 def test_drop_zero_advantage_averages_over_the_successes_alone():
     """REINFORCE on R in {0,1}: failures have advantage 0, so dropping them leaves the gradient's
     direction and divides by the number of successes instead of all rows (RAFT). A prefilled row
