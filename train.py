@@ -591,6 +591,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     check_model_path(cfg)
     ckpt = latest_checkpoint(ckpt_root) if resume else None
     state = torch.load(ckpt / "trainer.pt", weights_only=False) if ckpt else {}
+    experts = state.get("experts", {})  # task name -> expert commands, refreshed by rollout.collect (refresh_expert)
     if rank == 0:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
@@ -603,7 +604,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
     opt = sched = sft_opt = None
 
     def save(step):
-        st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
+        st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state(),
+              "experts": experts}
         if opt is not None:
             st.update(optimizer=distributed.optimizer_state(model, opt), scheduler=sched.state_dict())
         elif sft_opt is not None and cfg.sft.keep_moments:  # a resume from the SFT-only start carries them too
@@ -678,7 +680,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
         tasks = step_tasks(train_tasks, s, cfg.train.tasks_per_step, cfg.seed)  # logged whole; this rank's share:
         g0, t0 = policy.gen_busy_s, time.time()
         trajs = rollout.collect(tasks[rank::world], policy, env, rcfg, group_size=cfg.train.group_size,
-                                group_id_start=s * cfg.train.tasks_per_step, progress=False)
+                                group_id_start=s * cfg.train.tasks_per_step, progress=False, experts=experts)
         return s, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
 
     if cfg.train.mode == "async":
