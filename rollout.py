@@ -38,7 +38,8 @@ from typing import Iterable
 import torch
 
 from algo import Batch
-from env import InfraError, oracle_commands
+from env import InfraError
+from tasks import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
                   "env_error", "episode_timeout", "invalid_tool_calls")
@@ -932,7 +933,8 @@ def main(argv=None):
     ap.add_argument("--out", default="rollouts.jsonl")
     a = ap.parse_args(argv)
     from transformers import AutoTokenizer
-    from env import Env, generate_easy_tasks, load_tasks
+    from env import Env
+    from tasks import generate_easy_tasks, load_tasks
 
     tok = AutoTokenizer.from_pretrained(a.model)
     if a.engine == "vllm":

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-import env as E
 import rollout as R
+import tasks as T
 from conftest import ROOT
 
 SHIPPED = ("fix-json-config", "csv-join-report")  # two shipped tasks (TB1 layout, own images)
@@ -105,8 +105,8 @@ def test_make_batch_schema_and_staleness(tiny_tokenizer):
 
 def test_prefill_k_is_drawn_per_episode():
     import random
-    task = E.load_task(ROOT / "tasks" / SHIPPED[0])
-    n = len(E.oracle_commands(task))
+    task = T.load_task(ROOT / "tasks" / SHIPPED[0])
+    n = len(T.oracle_commands(task))
     rng = random.Random(0)
     ks = [R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.5), rng) for _ in range(40)]
     assert 0 in ks and set(ks) - {0} and all(0 <= k <= n - 1 for k in ks)
@@ -207,7 +207,7 @@ def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, do
     with R.Policy(vllm_engine, tiny_tokenizer) as policy:
         trajs = R.collect(easy_tasks[:1], policy, docker_env, cfg, progress=False)
         # sampled turns after expert-prefilled ones, in one trajectory
-        shipped = E.load_task(ROOT / "tasks" / SHIPPED[0])
+        shipped = T.load_task(ROOT / "tasks" / SHIPPED[0])
         pre = R.run_episode(shipped, policy, docker_env, cfg, prefill_k=2)
     assert len(trajs) == 2 and all(t.valid and t.finish_reason in R.FINISH_REASONS for t in trajs)
     assert pre.valid and pre.num_turns == 3 and set(pre.chunk_ids[i] for i, m in enumerate(pre.loss_mask) if m) == {2}
@@ -224,12 +224,12 @@ def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, do
 
 
 def test_oracle_solves_shipped_and_generated_tasks(tiny_tokenizer, docker_env, easy_tasks):
-    tasks = [E.load_task(ROOT / "tasks" / n) for n in SHIPPED] + easy_tasks[:3]
+    tasks = [T.load_task(ROOT / "tasks" / n) for n in SHIPPED] + easy_tasks[:3]
     cfg = R.RolloutConfig(max_turns=20, max_tokens_per_turn=2048, max_context=4096, num_workers=4, group_size=1)
     with R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
         trajs = R.collect(tasks, policy, docker_env, cfg, progress=False)
         # expert-prefilled start: the first k oracle turns are executed and marked for imitation
-        two_step = next(t for t in tasks if len(E.oracle_commands(t)) >= 2)
+        two_step = next(t for t in tasks if len(T.oracle_commands(t)) >= 2)
         pre = R.run_episode(two_step, policy, docker_env, cfg, prefill_k=1)
     assert sorted(t.task_name for t in trajs) == sorted(t.name for t in tasks)
     for t in trajs + [pre]:

@@ -199,10 +199,10 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
     """SFT on 4 copy tasks, validated on 3 others: val_oracle_prob is the mean chance of sampling
     each unseen oracle trajectory exactly (checked against a plain forward); with
     sft.stop_at_val_prob set between two validations, SFT ends at the first one that reaches it."""
-    import env as envmod
     import rollout
+    from tasks import generate_easy_tasks
     from transformers import AutoTokenizer
-    tasks = envmod.generate_easy_tasks(7, seed=3, kinds=["copy"])
+    tasks = generate_easy_tasks(7, seed=3, kinds=["copy"])
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
 
     def sft(stop_at, out):
@@ -246,9 +246,9 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
 def test_sft_restarts_from_fresh_weights_while_validation_stays_low(tiny_model_dir, docker_env, tmp_path):
     """SFT that ends with val_oracle_prob under sft.restart_below starts over from a new init (its
     first loss is an untrained model's again) with a new data order, at most sft.restarts times."""
-    import env as envmod
+    from tasks import generate_easy_tasks
     from transformers import AutoTokenizer
-    tasks = envmod.generate_easy_tasks(7, seed=3, kinds=["copy"])
+    tasks = generate_easy_tasks(7, seed=3, kinds=["copy"])
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
 
     def sft(below, out):
