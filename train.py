@@ -234,6 +234,27 @@ def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
     batch.old_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
 
 
+def load_reference(cfg: Config, device: str):
+    """The frozen reference policy of algo's KL term (algo.kl_coef) under full fine-tuning:
+    model.path's weights, as loaded before any SFT or RL. None under LoRA, where the reference is
+    the same model with its adapter disabled (fill_ref_logprobs), at no memory cost."""
+    if cfg.model.lora:
+        return None
+    ref = load_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)),
+                     device)
+    return ref.eval().requires_grad_(False)
+
+
+def fill_ref_logprobs(model, ref_model, batch, cfg: Config, temperature: float = 1.0):
+    """batch.ref_logprobs = log π_ref(token): from `ref_model` (load_reference), or under LoRA from
+    `model` with its adapter disabled."""
+    if ref_model is not None:
+        batch.ref_logprobs = policy_logprobs(ref_model, batch, cfg.train.micro_batch_tokens, temperature)
+        return
+    with distributed.unwrap(model).disable_adapter():
+        batch.ref_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
+
+
 def _pad_to(x, T: int):
     import torch
     return torch.nn.functional.pad(x, (0, T - x.shape[1]))
@@ -597,6 +618,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = load_model(cfg, device, ckpt)
+    ref_model = load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
     env = make_env()
 
     if world > 1:
@@ -727,6 +749,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
             batch = rollout.make_batch(trajs, tok.pad_token_id)
             if cfg.train.updates_per_step > 1:
                 fill_old_logprobs(model, batch, cfg, rcfg.temperature)
+            if acfg.kl_coef:
+                fill_ref_logprobs(model, ref_model, batch, cfg, rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
                 m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
         t_train = time.time() - t0
