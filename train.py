@@ -153,19 +153,20 @@ def compute_dtype(cfg: Config, device: str):
             "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
 
 
-def load_model(cfg: Config, device: str, resume: Path | None = None):
+def load_model(cfg: Config, device: str, resume: Path | None = None, frozen: bool = False):
     """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming.
 
     Full fine-tuning keeps fp32 master weights (and so fp32 AdamW state) and computes in
     compute_dtype: a bf16 weight rounds away any update below 2^-8 of itself, which at lr 1e-6 is
     almost every update (test_gpu_path.py::test_bf16_compute_moves_every_weight_at_lr_1e_6). LoRA's
-    frozen base stays in compute_dtype; peft keeps the adapter in fp32."""
+    frozen base stays in compute_dtype, as does a `frozen` model (the KL reference); peft keeps the
+    adapter in fp32."""
     import torch
     from transformers import AutoModelForCausalLM
     m = cfg.model
     dtype = compute_dtype(cfg, device)
     base_path = resume / "model" if (resume and not m.lora) else m.path
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora else torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32)
     if m.lora:
         from peft import LoraConfig, PeftModel, get_peft_model
         if resume:
@@ -256,7 +257,7 @@ def load_reference(cfg: Config, device: str):
     if cfg.model.lora:
         return None
     ref = load_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)),
-                     device)
+                     device, frozen=True)
     return ref.eval().requires_grad_(False)
 
 
