@@ -782,7 +782,8 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
         t0 = time.monotonic()
         g = term.grade()
         tm["grade_s"] = time.monotonic() - t0
-        traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error}
+        traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
+                      "rewards": g.rewards, "tampered": g.tampered}
         if g.infra_error:
             raise InfraError(g.infra_error)
         traj.reward = float(g.reward)
@@ -867,6 +868,10 @@ def rollout_metrics(trajectories) -> dict:
     m["rollout/tokens_mean"] = sum(len(t.token_ids) for t in trajectories) / n
     for k in ("invalid_turns", "command_timeouts", "text_mismatch", "token_mismatch"):
         m[f"rollout/{k}"] = sum(t.metrics.get(k, 0) for t in trajectories)
+    m["rollout/tampered"] = sum(bool(t.grade.get("tampered")) for t in trajectories)  # graded 0: see env.Terminal.grade
+    for key in sorted({k for t in valid for k in t.grade.get("rewards") or {}}):  # Harbor reward.json keys
+        vals = [t.grade["rewards"][key] for t in valid if key in (t.grade.get("rewards") or {})]
+        m[f"rollout/reward_{key}_mean"] = sum(vals) / len(vals)
     return m
 
 
