@@ -222,10 +222,34 @@ def micro_batches(model, lengths: list[int], rows, budget: int) -> tuple[list[li
     return groups + [groups[0]] * (distributed.forward_count(model, len(groups), "max") - len(groups)), n_real
 
 
-def policy_logprobs(model, batch, budget: int, temperature: float = 1.0):
-    """log π_θ(token) [B,T] under the current weights, no grad, in token-budget micro-batches."""
+def model_logprobs(model, input_ids, attention_mask=None, **kw):
+    """(lp, entropy) [B,T] of input_ids under `model`: the last hidden states go through the output
+    head in time blocks (algo.linear_token_logprobs, kw = its temperature/top_k/top_p/entropy
+    arguments), so the [B,T,V] logits are never held. The head is swapped for the duration of the
+    call, inside the model's forward, so DDP, FSDP2 and autocast see an ordinary forward."""
     import torch
     import algo
+    head = distributed.unwrap(model).get_output_embeddings()
+    out = {}
+    if type(head) is not torch.nn.Linear or head.bias is not None:  # e.g. a LoRA-wrapped head: its own logits
+        lp, ent = algo.token_logprobs(model(input_ids=input_ids, attention_mask=attention_mask,
+                                            use_cache=False).logits, input_ids, **kw)
+        return lp, ent
+
+    def forward(hidden):
+        lp, out["entropy"] = algo.linear_token_logprobs(hidden, head.weight, input_ids, **kw)
+        return lp
+    head.forward = forward
+    try:
+        lp = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    finally:
+        del head.forward  # the class's own forward again
+    return lp, out["entropy"]
+
+
+def policy_logprobs(model, batch, budget: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0):
+    """log π_θ(token) [B,T] under the current weights, no grad, in token-budget micro-batches."""
+    import torch
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
     groups, n_real = micro_batches(model, batch.attention_mask.sum(1).tolist(), range(len(batch)), budget)
@@ -234,8 +258,8 @@ def policy_logprobs(model, batch, budget: int, temperature: float = 1.0):
     with torch.no_grad():
         for i, rows in enumerate(groups):
             mb = select_rows(batch, rows)[0].to(dev)
-            lp, _ = algo.token_logprobs(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                              use_cache=False).logits, mb.input_ids, temperature=temperature)
+            lp, _ = model_logprobs(model, mb.input_ids, mb.attention_mask, temperature=temperature,
+                                   top_k=top_k, top_p=top_p)
             if i < n_real:
                 out[rows] = _pad_to(lp.float().cpu(), T)
     if hasattr(model, "reshard"):  # as in check_sync: FSDP2 leaves the root gathered after a forward
@@ -244,10 +268,10 @@ def policy_logprobs(model, batch, budget: int, temperature: float = 1.0):
     return out.to(batch.input_ids.device)
 
 
-def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
+def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0):
     """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
     updates on the batch (the ratios of the later ones are measured against it)."""
-    batch.old_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
+    batch.old_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature, top_k, top_p)
 
 
 def load_reference(cfg: Config, device: str):
@@ -296,7 +320,8 @@ def rows_that_train(batch, advantages, keep, acfg) -> tuple[list[int], object]:
     return [i for i in rows if moves[i]], rl + il
 
 
-def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0, sft: bool = False) -> dict:
+def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0, sft: bool = False,
+           top_k: int = -1, top_p: float = 1.0) -> dict:
     """One optimizer step on `batch` (RL: algo.policy_loss; SFT: NLL on loss_mask tokens).
 
     Micro-batch losses are backpropagated with denominator 1 and the summed gradient divided by
@@ -304,7 +329,8 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
     exactly the full-batch loss without holding every micro-batch's graph. π_old is the current
     weights unless batch.old_logprobs is filled (fill_old_logprobs, when updates_per_step > 1).
     Rows that cannot move the weights are not forwarded (rows_that_train); the per-micro-batch
-    metrics (entropy, ratios, clip fractions) then cover the rows that trained.
+    metrics (entropy, ratios, clip fractions) then cover the rows that trained. RL's π_θ is the
+    distribution the engine samples from (temperature, top_k, top_p; algo.token_logprobs).
     """
     import torch
     import torch.distributed as dist
@@ -331,11 +357,10 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
         last = i == len(groups) - 1
         sync_ctx = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
         with sync_ctx:
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-            lp, ent = algo.token_logprobs(logits, mb.input_ids, temperature=temperature,
-                                          with_entropy=not sft and cfg.train.log_entropy,
-                                          entropy_grad=bool(acfg and acfg.entropy_coef))
-            del logits
+            lp, ent = model_logprobs(model, mb.input_ids, mb.attention_mask, temperature=temperature,
+                                     top_k=-1 if sft else top_k, top_p=1.0 if sft else top_p,
+                                     with_entropy=not sft and cfg.train.log_entropy,
+                                     entropy_grad=bool(acfg and acfg.entropy_coef))
             if sft:
                 m = mb.loss_mask.float() * mb.valid[:, None]
                 loss = -(lp * m).sum()
@@ -422,7 +447,6 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
 def check_sync(model, policy, batch, n: int = 2) -> dict:
     """Engine vs trainer log-probs on a few sampled sequences after a sync (a silent no-op sync shows here)."""
     import torch
-    import algo
     import rollout
     rows = [i for i in range(len(batch)) if batch.valid[i] and batch.loss_mask[i].sum() > 0][:n]
     rows = rows[:distributed.forward_count(model, len(rows), "min")]
@@ -435,7 +459,7 @@ def check_sync(model, policy, batch, n: int = 2) -> dict:
         for i in rows:
             L = int(batch.attention_mask[i].sum())
             ids = batch.input_ids[i:i + 1, :L].to(dev)
-            lp, _ = algo.token_logprobs(distributed.unwrap(model)(input_ids=ids, use_cache=False).logits, ids)
+            lp, _ = model_logprobs(distributed.unwrap(model), ids)
             seqs.append(ids[0].tolist())
             lps.append(lp[0].cpu())
             masks.append(batch.loss_mask[i, :L])
@@ -767,11 +791,12 @@ def run(cfg: Config, resume: bool = False) -> dict:
         if train_now:
             batch = rollout.make_batch(trajs, tok.pad_token_id)
             if cfg.train.updates_per_step > 1:
-                fill_old_logprobs(model, batch, cfg, rcfg.temperature)
+                fill_old_logprobs(model, batch, cfg, rcfg.temperature, rcfg.top_k, rcfg.top_p)
             if acfg.kl_coef:
                 fill_ref_logprobs(model, ref_model, batch, cfg, rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
-                m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
+                m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature,
+                           top_k=rcfg.top_k, top_p=rcfg.top_p)
         t_train = time.time() - t0
         # 5. sync weights into the engine, 6. check the engine now computes what the trainer does
         t0 = time.time()

@@ -115,3 +115,54 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
 def _tokenizer(path):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path)
+
+
+# --- behaviour and trainer log-probs from one distribution ------------------------------------
+
+def test_trainer_logprobs_match_the_engine_under_top_k_top_p(vllm_engine, tiny_model_dir):
+    """Bug: the engine reports the log-prob of the distribution it sampled from (temperature,
+    top-k, top-p applied), the trainer computed a full softmax, so with top_k every π/μ was <= 1 and
+    the mismatch masks acted on the gap. The trainer's log-probs, computed over the same support
+    (model_logprobs with top_k/top_p), now equal the engine's token by token."""
+    import rollout
+    import train
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompt = list(range(40, 70))
+    for temp, top_k, top_p in [(1.0, 5, 1.0), (0.7, 20, 0.8)]:
+        c = vllm_engine.generate([prompt], rollout.Sampling(temperature=temp, top_k=top_k, top_p=top_p,
+                                                            max_tokens=24, seed=3))[0]
+        ids = torch.tensor([prompt + c.token_ids])
+        mu = torch.tensor(c.logprobs)
+        with torch.no_grad():
+            lp, _ = train.model_logprobs(model, ids, temperature=temp, top_k=top_k, top_p=top_p)
+            full, _ = train.model_logprobs(model, ids, temperature=temp)
+        pi, pi_full = lp[0, len(prompt):], full[0, len(prompt):]
+        assert (pi - mu).abs().max() < 1e-3, (temp, top_k, top_p, (pi - mu).abs().max())
+        assert (pi_full - mu).abs().max() > 0.05  # what the trainer computed before: another distribution
+
+
+def test_chunked_head_logprobs_equal_full_logits_with_gradients():
+    """model_logprobs never builds [B,T,V] logits (checkpointed blocks through the output head);
+    its log-probs, entropies and gradients equal the full-logits computation's."""
+    import algo
+    import train
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(cfg).float()
+    ids = torch.randint(0, 300, (2, 40))
+    grads = []
+    for chunked in (False, True):
+        model.zero_grad()
+        kw = dict(temperature=0.8, top_k=50, top_p=0.9, with_entropy=True, entropy_grad=True, block_size=7)
+        if chunked:
+            lp, ent = train.model_logprobs(model, ids, **kw)
+        else:
+            lp, ent = algo.token_logprobs(model(input_ids=ids).logits, ids, **kw)
+        (lp.sum() + ent.sum()).backward()
+        grads.append((lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lp0, e0, g0), (lp1, e1, g1) = grads
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1))
