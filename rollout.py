@@ -41,7 +41,7 @@ from algo import Batch
 from env import InfraError, oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
-                  "env_error", "episode_timeout", "invalid_tool_calls")
+                  "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead")
 
 SYSTEM_PROMPT = (
     "You are an autonomous agent solving a task in a Linux terminal (bash, no internet access). "
@@ -760,6 +760,9 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                 traj.metrics["commands"] += 1
                 timeouts = timeouts + 1 if result.timed_out else 0
                 traj.metrics["command_timeouts"] += int(result.timed_out)
+                if term.dead:  # the agent made its container unusable (env.Terminal.dead): graded as a failure
+                    finish = "terminal_dead"
+                    break
                 if result.timed_out and time.monotonic() >= deadline:
                     finish = "episode_timeout"
                     break
@@ -839,16 +842,23 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
                                 group_id_start + gi, cancels[gi], rng.randrange(1 << 30))
                 futs[f] = gi
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
-        for f in as_completed(futs):
-            gi = futs[f]
-            traj = f.result()
-            if traj is None or len(kept[gi]) >= G:
-                continue
-            kept[gi].append(traj)
-            bar.update(1)
-            if len(kept[gi]) == G:
-                cancels[gi].set()
-        bar.close()
+        try:
+            for f in as_completed(futs):
+                gi = futs[f]
+                traj = f.result()
+                if traj is None or len(kept[gi]) >= G:
+                    continue
+                kept[gi].append(traj)
+                bar.update(1)
+                if len(kept[gi]) == G:
+                    cancels[gi].set()
+        except BaseException:  # Ctrl-C / SIGTERM / an error: start no more episodes, end the running ones
+            for c in cancels:
+                c.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            bar.close()
     out, dropped = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
     if stats is not None:
         stats["rollout/dropped_stale"] = dropped
