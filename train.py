@@ -823,13 +823,14 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="check config, tasks, model path, docker; do not train")
     ap.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/latest")
     a = ap.parse_args(argv)
-    try:
-        cfg = load_config(a.config, a.set)
-    except ConfigError as e:
-        raise SystemExit(f"config error: {e}")
-    if a.dry_run:
-        raise SystemExit(dry_run(cfg))
-    run(cfg, resume=a.resume)
+    with distributed.error_said_once():
+        try:
+            cfg = load_config(a.config, a.set)
+        except ConfigError as e:
+            raise SystemExit(f"config error: {e}")
+        if a.dry_run:
+            raise SystemExit(dry_run(cfg))
+        run(cfg, resume=a.resume)
 
 
 if __name__ == "__main__":
