@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+import env as E
 import rollout as R
 import tasks as T
 from conftest import ROOT
@@ -307,3 +308,26 @@ def test_eight_concurrent_episodes_with_one_env_failure(tiny_tokenizer, docker_e
     assert rows[row]["reward"] is None and rows[row]["finish_reason"] == "env_error"
     m = R.rollout_metrics(trajs)
     assert m["rollout/valid_frac"] == 7 / 8 and m["rollout/finish_submitted"] == 7 / 8
+
+
+def _containers_of(client, memory_mb: int) -> list[str]:
+    """This process's containers with that memory limit (a value no other test's tasks use)."""
+    import os
+    return [c["Id"] for c in client.api.containers(all=True, filters={"label": f"termrl.pid={os.getpid()}"})
+            if client.api.inspect_container(c["Id"])["HostConfig"]["Memory"] == memory_mb << 20]
+
+
+def test_collect_leaves_no_container_behind(tiny_tokenizer, easy_tasks):
+    """After rollout.collect returns, no episode's container is left running, whatever way the episode
+    ended: submitted, setup failure (env_error), or cancelled as a redundant member of a finished
+    group (group_redundancy). Catches an episode path that skips Terminal.close: in a long run
+    every such leak holds memory and a PID budget until the machine stops starting containers.
+    Own Env without a warm pool, tasks with their own memory limit: only this test's containers count."""
+    mem = 321
+    tasks = [dataclasses.replace(t, memory_mb=mem) for t in easy_tasks[10:12]]
+    tasks.append(dataclasses.replace(tasks[0], name="broken-setup", setup="exit 3"))
+    cfg = R.RolloutConfig(max_turns=4, num_workers=6, group_size=2, group_redundancy=1)
+    with E.Env(warm=0) as env, R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
+        trajs = R.collect(tasks, policy, env, cfg, progress=False)
+        assert sorted(t.finish_reason for t in trajs) == ["env_error"] * 2 + ["submitted"] * 4
+        assert _containers_of(env.client, mem) == []
