@@ -13,7 +13,7 @@ import torch
 import env as E
 import rollout as R
 import tasks as T
-from conftest import ROOT
+from conftest import ROOT, own_containers
 
 SHIPPED = ("fix-json-config", "csv-join-report")  # two shipped tasks (TB1 layout, own images)
 
@@ -310,13 +310,6 @@ def test_eight_concurrent_episodes_with_one_env_failure(tiny_tokenizer, docker_e
     assert m["rollout/valid_frac"] == 7 / 8 and m["rollout/finish_submitted"] == 7 / 8
 
 
-def _containers_of(client, memory_mb: int) -> list[str]:
-    """This process's containers with that memory limit (a value no other test's tasks use)."""
-    import os
-    return [c["Id"] for c in client.api.containers(all=True, filters={"label": f"termrl.pid={os.getpid()}"})
-            if client.api.inspect_container(c["Id"])["HostConfig"]["Memory"] == memory_mb << 20]
-
-
 def test_collect_leaves_no_container_behind(tiny_tokenizer, easy_tasks):
     """After rollout.collect returns, no episode's container is left running, whatever way the episode
     ended: submitted, setup failure (env_error), or cancelled as a redundant member of a finished
@@ -330,4 +323,4 @@ def test_collect_leaves_no_container_behind(tiny_tokenizer, easy_tasks):
     with E.Env(warm=0) as env, R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
         trajs = R.collect(tasks, policy, env, cfg, progress=False)
         assert sorted(t.finish_reason for t in trajs) == ["env_error"] * 2 + ["submitted"] * 4
-        assert _containers_of(env.client, mem) == []
+        assert own_containers(env.client, mem) == []
