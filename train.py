@@ -234,6 +234,27 @@ def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
     batch.old_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
 
 
+def load_reference(cfg: Config, device: str):
+    """The frozen reference policy of algo's KL term (algo.kl_coef) under full fine-tuning:
+    model.path's weights, as loaded before any SFT or RL. None under LoRA, where the reference is
+    the same model with its adapter disabled (fill_ref_logprobs), at no memory cost."""
+    if cfg.model.lora:
+        return None
+    ref = load_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)),
+                     device)
+    return ref.eval().requires_grad_(False)
+
+
+def fill_ref_logprobs(model, ref_model, batch, cfg: Config, temperature: float = 1.0):
+    """batch.ref_logprobs = log π_ref(token): from `ref_model` (load_reference), or under LoRA from
+    `model` with its adapter disabled."""
+    if ref_model is not None:
+        batch.ref_logprobs = policy_logprobs(ref_model, batch, cfg.train.micro_batch_tokens, temperature)
+        return
+    with distributed.unwrap(model).disable_adapter():
+        batch.ref_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
+
+
 def _pad_to(x, T: int):
     import torch
     return torch.nn.functional.pad(x, (0, T - x.shape[1]))
@@ -591,11 +612,13 @@ def run(cfg: Config, resume: bool = False) -> dict:
     check_model_path(cfg)
     ckpt = latest_checkpoint(ckpt_root) if resume else None
     state = torch.load(ckpt / "trainer.pt", weights_only=False) if ckpt else {}
+    experts = state.get("experts", {})  # task name -> expert commands, refreshed by rollout.collect (refresh_expert)
     if rank == 0:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = load_model(cfg, device, ckpt)
+    ref_model = load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
     env = make_env()
 
     if world > 1:
@@ -603,7 +626,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
     opt = sched = sft_opt = None
 
     def save(step):
-        st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
+        st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state(),
+              "experts": experts}
         if opt is not None:
             st.update(optimizer=distributed.optimizer_state(model, opt), scheduler=sched.state_dict())
         elif sft_opt is not None and cfg.sft.keep_moments:  # a resume from the SFT-only start carries them too
@@ -678,7 +702,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
         tasks = step_tasks(train_tasks, s, cfg.train.tasks_per_step, cfg.seed)  # logged whole; this rank's share:
         g0, t0 = policy.gen_busy_s, time.time()
         trajs = rollout.collect(tasks[rank::world], policy, env, rcfg, group_size=cfg.train.group_size,
-                                group_id_start=s * cfg.train.tasks_per_step, progress=False)
+                                group_id_start=s * cfg.train.tasks_per_step, progress=False, experts=experts)
         return s, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
 
     if cfg.train.mode == "async":
@@ -725,6 +749,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
             batch = rollout.make_batch(trajs, tok.pad_token_id)
             if cfg.train.updates_per_step > 1:
                 fill_old_logprobs(model, batch, cfg, rcfg.temperature)
+            if acfg.kl_coef:
+                fill_ref_logprobs(model, ref_model, batch, cfg, rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
                 m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
         t_train = time.time() - t0
