@@ -319,10 +319,15 @@ class VLLMEngine:
         kw.update(llm_kwargs)
         self.llm = LLM(**kw)
         self.engine = self.llm.llm_engine
+        self.dtype = self.engine.model_config.dtype  # what update_weights' tensors are cast to
         self.tied = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
         self.lora = None           # the LoRARequest every new request uses
         self._lora_ids = 0         # fresh id per load: vLLM caches adapters by id (verl#7495)
         self.sleeping, self._weights_awake, self.lora_enabled = False, True, enable_lora
+
+    def placement(self) -> tuple[str, int]:
+        """(device, local rank) of the engine's worker, as vLLM placed it."""
+        return self.llm.collective_rpc(lambda worker: (str(worker.device), int(worker.local_rank)))[0]
 
     def add(self, request_id, prompt_ids, sampling, ctx=None):
         from vllm import SamplingParams
@@ -422,7 +427,7 @@ class HFEngine:
     def __init__(self, model, dtype=torch.float32, device="cpu"):
         from transformers import AutoModelForCausalLM
         self.base = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype).to(device).eval()
-        self.model, self.device, self.pending = self.base, device, []
+        self.model, self.device, self.dtype, self.pending = self.base, device, dtype, []
         self.pad_id = self.base.config.pad_token_id if self.base.config.pad_token_id is not None else 0
         self.sleeping = False
 
@@ -817,7 +822,8 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
         t0 = time.monotonic()
         g = term.grade()
         tm["grade_s"] = time.monotonic() - t0
-        traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error}
+        traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
+                      "rewards": g.rewards, "tampered": g.tampered}
         if g.infra_error:
             raise InfraError(g.infra_error)
         traj.reward = float(g.reward)
@@ -932,6 +938,10 @@ def rollout_metrics(trajectories) -> dict:
     m["rollout/tokens_mean"] = sum(len(t.token_ids) for t in trajectories) / n
     for k in ("invalid_turns", "command_timeouts", "text_mismatch", "token_mismatch"):
         m[f"rollout/{k}"] = sum(t.metrics.get(k, 0) for t in trajectories)
+    m["rollout/tampered"] = sum(bool(t.grade.get("tampered")) for t in trajectories)  # graded 0: see env.Terminal.grade
+    for key in sorted({k for t in valid for k in t.grade.get("rewards") or {}}):  # Harbor reward.json keys
+        vals = [t.grade["rewards"][key] for t in valid if key in (t.grade.get("rewards") or {})]
+        m[f"rollout/reward_{key}_mean"] = sum(vals) / len(vals)
     return m
 
 
