@@ -319,10 +319,15 @@ class VLLMEngine:
         kw.update(llm_kwargs)
         self.llm = LLM(**kw)
         self.engine = self.llm.llm_engine
+        self.dtype = self.engine.model_config.dtype  # what update_weights' tensors are cast to
         self.tied = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
         self.lora = None           # the LoRARequest every new request uses
         self._lora_ids = 0         # fresh id per load: vLLM caches adapters by id (verl#7495)
         self.sleeping, self._weights_awake, self.lora_enabled = False, True, enable_lora
+
+    def placement(self) -> tuple[str, int]:
+        """(device, local rank) of the engine's worker, as vLLM placed it."""
+        return self.llm.collective_rpc(lambda worker: (str(worker.device), int(worker.local_rank)))[0]
 
     def add(self, request_id, prompt_ids, sampling, ctx=None):
         from vllm import SamplingParams
@@ -422,7 +427,7 @@ class HFEngine:
     def __init__(self, model, dtype=torch.float32, device="cpu"):
         from transformers import AutoModelForCausalLM
         self.base = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype).to(device).eval()
-        self.model, self.device, self.pending = self.base, device, []
+        self.model, self.device, self.dtype, self.pending = self.base, device, dtype, []
         self.pad_id = self.base.config.pad_token_id if self.base.config.pad_token_id is not None else 0
         self.sleeping = False
 

@@ -146,15 +146,27 @@ def check_model_path(cfg: Config):
                          f"model.build_tiny: true to build the tiny CPU model there.")
 
 
-def load_model(cfg: Config, device: str, resume: Path | None = None):
-    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming."""
+def compute_dtype(cfg: Config, device: str):
+    """The dtype the trainer computes in (model.dtype; auto = bf16 on GPU, fp32 on CPU)."""
+    import torch
+    return {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
+            "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+
+
+def load_model(cfg: Config, device: str, resume: Path | None = None, frozen: bool = False):
+    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming.
+
+    Full fine-tuning keeps fp32 master weights (and so fp32 AdamW state) and computes in
+    compute_dtype: a bf16 weight rounds away any update below 2^-8 of itself, which at lr 1e-6 is
+    almost every update (test_gpu_path.py::test_bf16_compute_moves_every_weight_at_lr_1e_6). LoRA's
+    frozen base stays in compute_dtype, as does a `frozen` model (the KL reference); peft keeps the
+    adapter in fp32."""
     import torch
     from transformers import AutoModelForCausalLM
     m = cfg.model
-    dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
+    dtype = compute_dtype(cfg, device)
     base_path = resume / "model" if (resume and not m.lora) else m.path
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32)
     if m.lora:
         from peft import LoraConfig, PeftModel, get_peft_model
         if resume:
@@ -168,7 +180,11 @@ def load_model(cfg: Config, device: str, resume: Path | None = None):
         if m.lora:
             model.enable_input_require_grads()  # else checkpointed blocks see no input needing grad
     model.config.use_cache = False
-    return model.to(device)
+    model = model.to(device)
+    if dtype != torch.float32 and not (distributed.world_size() > 1 and cfg.train.parallel == "fsdp"):
+        # FSDP2 casts in its MixedPrecisionPolicy instead (distributed.wrap_parallel)
+        model.forward = torch.autocast(device_type=device.split(":")[0], dtype=dtype)(model.forward)
+    return model
 
 
 def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
@@ -241,7 +257,7 @@ def load_reference(cfg: Config, device: str):
     if cfg.model.lora:
         return None
     ref = load_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)),
-                     device)
+                     device, frozen=True)
     return ref.eval().requires_grad_(False)
 
 
@@ -376,14 +392,14 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
 def make_engine(cfg: Config, model_path, device: str):
     import rollout
     if cfg.engine.kind == "hf":
-        import torch
-        return rollout.HFEngine(model_path, dtype=torch.float32 if device == "cpu" else torch.bfloat16, device=device)
+        return rollout.HFEngine(model_path, dtype=compute_dtype(cfg, device), device=device)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.engine.cpu_kvcache_gb))
-    dtype = "float32" if device == "cpu" else "bfloat16"  # match the trainer, so the sync gap means something
+    dtype = str(compute_dtype(cfg, device)).removeprefix("torch.")  # the trainer's, so the sync gap means something
     return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
-                              enforce_eager=cfg.engine.enforce_eager, **cfg.engine.extra)
+                              enforce_eager=cfg.engine.enforce_eager,
+                              **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 
 def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
@@ -397,7 +413,8 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
         for old in sorted((out_dir / "adapters").glob(f"rank{rank}-v*"))[:-2]:  # the engine holds the newest
             shutil.rmtree(old, ignore_errors=True)
     else:
-        params = ((n, p.full_tensor() if hasattr(p, "full_tensor") else p)
+        dtype = policy.engine.dtype  # cast one tensor at a time: the fp32 master weights stay as they are
+        params = ((n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().to(dtype))
                   for n, p in distributed.unwrap(model).named_parameters())
         policy.update_weights(params, version)
 
@@ -622,7 +639,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     env = make_env()
 
     if world > 1:
-        model = distributed.wrap_parallel(model, cfg, device)
+        model = distributed.wrap_parallel(model, cfg, device, compute_dtype(cfg, device))
     opt = sched = sft_opt = None
 
     def save(step):
@@ -675,6 +692,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
         set_rng_state(state["rng"])
     full_ckpt = ckpt is not None and not cfg.model.lora
     engine = make_engine(cfg, ckpt / "model" if full_ckpt else cfg.model.path, device)
+    if cfg.engine.kind == "vllm":
+        distributed.check_engine_placement(*engine.placement(), device)
     policy = rollout.Policy(engine, tok, version=start, template_kwargs=rcfg.chat_template_kwargs,
                             tools=rcfg.tools)
     if ckpt is not None and cfg.model.lora:
