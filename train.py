@@ -449,19 +449,19 @@ def evaluate_success(policy, env, tasks, rcfg, cfg: Config) -> tuple[float, list
 
 
 def load_task_sets(cfg: Config):
-    import env
+    from tasks import generate_easy_tasks, load_tasks
     d = cfg.data
     kinds = d.generated_kinds or None
     if d.train_tasks == "generated":
-        train = env.generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
+        train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
     else:
-        train = env.load_tasks(d.train_tasks)
+        train = load_tasks(d.train_tasks)
     if d.eval_tasks == "generated":
-        held = env.generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
+        held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
         seen = {t.instruction for t in train}
         held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
     elif d.eval_tasks:
-        held = env.load_tasks(d.eval_tasks)
+        held = load_tasks(d.eval_tasks)
     else:
         held = []
     if not train:
@@ -481,14 +481,14 @@ def make_env():
 def oracle_corpus(tasks, system_prompt: str, tools, n: int = 256) -> list[str]:
     """Rendered oracle conversations of the train tasks (with `tools` in the system turn, as the
     rollout renders them): the tiny tokenizer learns merges for them."""
-    import env
     import rollout
     import tiny
+    from tasks import oracle_commands
     tok = tiny.train_tokenizer(tiny.default_corpus(), 512)  # only for the chat template
     out = []
     for t in tasks[:n]:
         msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": t.instruction}]
-        for c in env.oracle_commands(t):
+        for c in oracle_commands(t):
             msgs.append({"role": "assistant", "content": rollout.tool_call_text("bash", {"command": c})})
             msgs.append({"role": "tool", "content": "[exit code: 0]"})
         msgs.append({"role": "assistant", "content": rollout.tool_call_text("submit", {})})
@@ -610,15 +610,16 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
         if cfg.data.train_tasks == "generated":
             # the whole family, both splits: every word is then one token wherever it appears (" w",
             # "/w"), as in a real tokenizer; from the train tasks alone " pencil" was " pe n c i l"
-            import env
+            from tasks import generate_easy_tasks
             corpus_tasks = [t for split in ("train", "heldout")
-                            for t in env.generate_easy_tasks(512, seed=cfg.data.generated_seed, split=split)]
+                            for t in generate_easy_tasks(512, seed=cfg.data.generated_seed, split=split)]
         tiny.build_tiny_model(cfg.model.path, corpus=oracle_corpus(corpus_tasks, rcfg.system_prompt, n=len(corpus_tasks), tools=rcfg.tools),
                               **{"seed": cfg.seed, **cfg.model.tiny})
     if world > 1:
         torch.distributed.barrier()
     check_model_path(cfg)
     ckpt, state = rundir.resume_checkpoint(ckpt_root) if resume else (None, {})
+    experts = state.get("experts", {})  # task name -> expert commands, refreshed by rollout.collect (refresh_expert)
     if rank == 0:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
@@ -631,7 +632,8 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     opt = sched = sft_opt = None
 
     def save(step):
-        st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
+        st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state(),
+              "experts": experts}
         if opt is not None:
             st.update(optimizer=distributed.optimizer_state(model, opt), scheduler=sched.state_dict())
         elif sft_opt is not None and cfg.sft.keep_moments:  # a resume from the SFT-only start carries them too
@@ -707,7 +709,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
         tasks = step_tasks(train_tasks, s, cfg.train.tasks_per_step, cfg.seed)  # logged whole; this rank's share:
         g0, t0 = policy.gen_busy_s, time.time()
         trajs = rollout.collect(tasks[rank::world], policy, env, rcfg, group_size=cfg.train.group_size,
-                                group_id_start=s * cfg.train.tasks_per_step, progress=False)
+                                group_id_start=s * cfg.train.tasks_per_step, progress=False, experts=experts)
         return s, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
 
     if cfg.train.mode == "async":

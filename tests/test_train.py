@@ -199,10 +199,10 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
     """SFT on 4 copy tasks, validated on 3 others: val_oracle_prob is the mean chance of sampling
     each unseen oracle trajectory exactly (checked against a plain forward); with
     sft.stop_at_val_prob set between two validations, SFT ends at the first one that reaches it."""
-    import env as envmod
     import rollout
+    from tasks import generate_easy_tasks
     from transformers import AutoTokenizer
-    tasks = envmod.generate_easy_tasks(7, seed=3, kinds=["copy"])
+    tasks = generate_easy_tasks(7, seed=3, kinds=["copy"])
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
 
     def sft(stop_at, out):
@@ -246,9 +246,9 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
 def test_sft_restarts_from_fresh_weights_while_validation_stays_low(tiny_model_dir, docker_env, tmp_path):
     """SFT that ends with val_oracle_prob under sft.restart_below starts over from a new init (its
     first loss is an untrained model's again) with a new data order, at most sft.restarts times."""
-    import env as envmod
+    from tasks import generate_easy_tasks
     from transformers import AutoTokenizer
-    tasks = envmod.generate_easy_tasks(7, seed=3, kinds=["copy"])
+    tasks = generate_easy_tasks(7, seed=3, kinds=["copy"])
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
 
     def sft(below, out):
@@ -311,6 +311,84 @@ def test_checkpoints_are_atomic_and_keep_the_last_k(tmp_path):
                     str(root)], cwd=ROOT, check=True)
     assert not list(root.glob(".tmp-*"))
     assert rundir.latest_checkpoint(root).name == "step_000007"
+
+
+# A child process saves the steps it is given (keep_last=1; 2 MiB model files). With a kill mode it
+# dies by SIGKILL during the last save: "mid-write" once half of that model file is on disk,
+# "before-latest" the instant it would move `latest` (any os.rename/os.replace onto a file of
+# that name), i.e. after step_<N>/ got its final name.
+_SAVE_CHILD = """
+import os, signal, sys, time
+from pathlib import Path
+import rundir
+root, mode, steps = Path(sys.argv[1]), sys.argv[2], [int(s) for s in sys.argv[3:]]
+
+def write_model(d, die=False):
+    d.mkdir(parents=True)
+    with open(d / "model.bin", "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        if die:
+            print("half written", flush=True)
+            time.sleep(600)
+        f.write(os.urandom(1 << 20))
+
+def die_before_latest(real):
+    def call(src, dst, *a, **k):
+        if Path(dst).name == "latest":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(src, dst, *a, **k)
+    return call
+
+for step in steps:
+    last = step == steps[-1]
+    if last and mode == "before-latest":
+        os.rename, os.replace = die_before_latest(os.rename), die_before_latest(os.replace)
+    rundir.save_checkpoint(root, step, lambda d: write_model(d, last and mode == "mid-write"), {"step": step}, 1)
+    print(f"saved {step}", flush=True)
+"""
+
+
+def _save_child(root: Path, mode: str, *steps: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _SAVE_CHILD, str(root), mode, *map(str, steps)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _consistent(ck: Path) -> int:
+    """The step of a checkpoint whose pieces agree: its name, trainer.pt, meta.json, a whole model file."""
+    step = int(ck.name.split("_")[1])
+    assert torch.load(ck / "trainer.pt")["step"] == step
+    assert json.loads((ck / "meta.json").read_text())["step"] == step
+    assert (ck / "model" / "model.bin").stat().st_size == 2 << 20, f"{ck}: model file cut short"
+    return step
+
+
+@pytest.mark.parametrize("mode", ["mid-write", "before-latest"])
+def test_sigkill_during_a_save_leaves_a_consistent_latest(tmp_path, mode):
+    """A real SIGKILL (no except/finally runs) while step 2 is saved over step 1 with keep_last=1:
+    resuming finds a complete checkpoint whose pieces agree, and the resumed run's next save works.
+    Catches: writing straight into step_<N>/ (a kill leaves a half-written step that looks final),
+    deleting old checkpoints before `latest` names the new one (keep_last=1: `latest` would name a
+    deleted step), moving `latest` before the rename, or a stale temp dir the next save trips on."""
+    root = tmp_path / "ckpt"
+    child = _save_child(root, mode, 1, 2)
+    try:
+        assert child.stdout.readline() == "saved 1\n"
+        if mode == "mid-write":  # event-driven: the kill lands once half the file is on disk
+            assert child.stdout.readline() == "half written\n"
+            child.send_signal(signal.SIGKILL)
+        assert child.wait(120) == -signal.SIGKILL
+    finally:
+        child.kill()
+    step = _consistent(rundir.latest_checkpoint(root))
+    if mode == "mid-write":
+        assert step == 1 and not (root / "step_000002").exists()  # step 2 was never complete
+    else:  # step 2 was complete and renamed: either one is a consistent point to resume from
+        assert step in (1, 2) and _consistent(root / "step_000002") == 2
+    resumed = _save_child(root, "none", 2)  # the resumed run saves step 2 again
+    assert resumed.wait(120) == 0
+    assert rundir.latest_checkpoint(root).name == "step_000002" and _consistent(root / "step_000002") == 2
+    assert not list(root.glob(".tmp-*"))
 
 
 def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_path):
