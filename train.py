@@ -467,13 +467,13 @@ def load_task_sets(cfg: Config):
     if d.train_tasks == "generated":
         train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
     else:
-        train = load_tasks(d.train_tasks)
+        train = load_tasks(d.train_tasks, strict=d.strict_tasks)
     if d.eval_tasks == "generated":
         held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
         seen = {t.instruction for t in train}
         held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
     elif d.eval_tasks:
-        held = load_tasks(d.eval_tasks)
+        held = load_tasks(d.eval_tasks, strict=d.strict_tasks)
     else:
         held = []
     if not train:
@@ -481,10 +481,12 @@ def load_task_sets(cfg: Config):
     return train, held[: cfg.eval.num_tasks]
 
 
-def make_env():
+def make_env(cfg: Config):
     import env
     try:
-        return env.Env()
+        return env.Env(**dataclasses.asdict(cfg.env))
+    except ValueError as e:  # a setting of the config's env section
+        raise SystemExit(f"config: {e}") from None
     except Exception as e:  # docker SDK errors differ by cause; the fix is the same
         raise SystemExit(f"Docker is not reachable ({type(e).__name__}: {e}). Start the daemon (dockerd or "
                          f"`systemctl start docker`) and make sure this user may use /var/run/docker.sock.")
@@ -636,7 +638,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = load_model(cfg, device, ckpt)
     ref_model = load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
-    env = make_env()
+    env = make_env(cfg)
 
     if world > 1:
         model = distributed.wrap_parallel(model, cfg, device, compute_dtype(cfg, device))
