@@ -68,6 +68,8 @@ class Batch:
       old_logprobs    FloatTensor | None  log π_old(token), the trainer's policy at rollout time;
                                    train.py fills it before the update. None means "on-policy":
                                    policy_loss then uses the current log-probs, detached.
+      ref_logprobs    FloatTensor | None  log π_ref(token), the reference policy's, for the KL term
+                                   (algo.kl_coef); train.py fills it (fill_ref_logprobs).
     Per trajectory [B]:
       num_chunks      LongTensor   K, the number of assistant turns (sampled + prefilled).
       reward          FloatTensor  final reward R; NaN for an infrastructure failure.
@@ -93,6 +95,7 @@ class Batch:
     policy_version: torch.Tensor
     finish_reason: list = field(default_factory=list)
     old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
     unparsed: torch.Tensor | None = None
 
     def __len__(self) -> int:
@@ -124,7 +127,7 @@ class Batch:
         if B is None:
             raise ValueError(f"Batch.input_ids must be [B,T], got shape {tuple(self.input_ids.shape)}")
         per_token = ["attention_mask", "loss_mask", "imitation_mask", "chunk_ids", "infer_logprobs"]
-        per_token += [n for n in ("old_logprobs", "unparsed") if getattr(self, n) is not None]
+        per_token += [n for n in ("old_logprobs", "ref_logprobs", "unparsed") if getattr(self, n) is not None]
         for name in per_token:
             shape = tuple(getattr(self, name).shape)
             if shape != (B, T):
@@ -654,8 +657,10 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
         if t is not None and tuple(t.shape) != tuple(batch.input_ids.shape):
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [B,T] = "
                              f"{tuple(batch.input_ids.shape)}")
+    ref_logprobs = batch.ref_logprobs if ref_logprobs is None else ref_logprobs
     if cfg.kl_coef and ref_logprobs is None:
-        raise ValueError("algo.kl_coef > 0 needs ref_logprobs (the reference policy's token log-probs)")
+        raise ValueError("algo.kl_coef > 0 needs ref_logprobs (the reference policy's token log-probs), "
+                         "as an argument or in batch.ref_logprobs")
     if cfg.entropy_coef and entropy is None:
         raise ValueError("algo.entropy_coef > 0 needs entropy: "
                          "token_logprobs(..., with_entropy=True, entropy_grad=True)")

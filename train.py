@@ -172,15 +172,27 @@ def _hub_model_problem(repo_id: str) -> str | None:
     return None
 
 
-def load_model(cfg: Config, device: str, resume: Path | None = None):
-    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming."""
+def compute_dtype(cfg: Config, device: str):
+    """The dtype the trainer computes in (model.dtype; auto = bf16 on GPU, fp32 on CPU)."""
+    import torch
+    return {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
+            "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+
+
+def load_model(cfg: Config, device: str, resume: Path | None = None, frozen: bool = False):
+    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming.
+
+    Full fine-tuning keeps fp32 master weights (and so fp32 AdamW state) and computes in
+    compute_dtype: a bf16 weight rounds away any update below 2^-8 of itself, which at lr 1e-6 is
+    almost every update (test_gpu_path.py::test_bf16_compute_moves_every_weight_at_lr_1e_6). LoRA's
+    frozen base stays in compute_dtype, as does a `frozen` model (the KL reference); peft keeps the
+    adapter in fp32."""
     import torch
     from transformers import AutoModelForCausalLM
     m = cfg.model
-    dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
+    dtype = compute_dtype(cfg, device)
     base_path = resume / "model" if (resume and not m.lora) else m.path
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32)
     if m.lora:
         from peft import LoraConfig, PeftModel, get_peft_model
         if resume:
@@ -194,7 +206,11 @@ def load_model(cfg: Config, device: str, resume: Path | None = None):
         if m.lora:
             model.enable_input_require_grads()  # else checkpointed blocks see no input needing grad
     model.config.use_cache = False
-    return model.to(device)
+    model = model.to(device)
+    if dtype != torch.float32 and not (distributed.world_size() > 1 and cfg.train.parallel == "fsdp"):
+        # FSDP2 casts in its MixedPrecisionPolicy instead (distributed.wrap_parallel)
+        model.forward = torch.autocast(device_type=device.split(":")[0], dtype=dtype)(model.forward)
+    return model
 
 
 def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
@@ -258,6 +274,27 @@ def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
     """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
     updates on the batch (the ratios of the later ones are measured against it)."""
     batch.old_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
+
+
+def load_reference(cfg: Config, device: str):
+    """The frozen reference policy of algo's KL term (algo.kl_coef) under full fine-tuning:
+    model.path's weights, as loaded before any SFT or RL. None under LoRA, where the reference is
+    the same model with its adapter disabled (fill_ref_logprobs), at no memory cost."""
+    if cfg.model.lora:
+        return None
+    ref = load_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)),
+                     device, frozen=True)
+    return ref.eval().requires_grad_(False)
+
+
+def fill_ref_logprobs(model, ref_model, batch, cfg: Config, temperature: float = 1.0):
+    """batch.ref_logprobs = log π_ref(token): from `ref_model` (load_reference), or under LoRA from
+    `model` with its adapter disabled."""
+    if ref_model is not None:
+        batch.ref_logprobs = policy_logprobs(ref_model, batch, cfg.train.micro_batch_tokens, temperature)
+        return
+    with distributed.unwrap(model).disable_adapter():
+        batch.ref_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
 
 
 def _pad_to(x, T: int):
@@ -381,14 +418,14 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
 def make_engine(cfg: Config, model_path, device: str):
     import rollout
     if cfg.engine.kind == "hf":
-        import torch
-        return rollout.HFEngine(model_path, dtype=torch.float32 if device == "cpu" else torch.bfloat16, device=device)
+        return rollout.HFEngine(model_path, dtype=compute_dtype(cfg, device), device=device)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.engine.cpu_kvcache_gb))
-    dtype = "float32" if device == "cpu" else "bfloat16"  # match the trainer, so the sync gap means something
+    dtype = str(compute_dtype(cfg, device)).removeprefix("torch.")  # the trainer's, so the sync gap means something
     return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
-                              enforce_eager=cfg.engine.enforce_eager, **cfg.engine.extra)
+                              enforce_eager=cfg.engine.enforce_eager,
+                              **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 
 def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
@@ -402,7 +439,8 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
         for old in sorted((out_dir / "adapters").glob(f"rank{rank}-v*"))[:-2]:  # the engine holds the newest
             shutil.rmtree(old, ignore_errors=True)
     else:
-        params = ((n, p.full_tensor() if hasattr(p, "full_tensor") else p)
+        dtype = policy.engine.dtype  # cast one tensor at a time: the fp32 master weights stay as they are
+        params = ((n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().to(dtype))
                   for n, p in distributed.unwrap(model).named_parameters())
         policy.update_weights(params, version)
 
@@ -455,13 +493,13 @@ def load_task_sets(cfg: Config):
     if d.train_tasks == "generated":
         train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
     else:
-        train = load_tasks(d.train_tasks)
+        train = load_tasks(d.train_tasks, strict=d.strict_tasks)
     if d.eval_tasks == "generated":
         held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
         seen = {t.instruction for t in train}
         held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
     elif d.eval_tasks:
-        held = load_tasks(d.eval_tasks)
+        held = load_tasks(d.eval_tasks, strict=d.strict_tasks)
     else:
         held = []
     if not train:
@@ -469,10 +507,12 @@ def load_task_sets(cfg: Config):
     return train, held[: cfg.eval.num_tasks]
 
 
-def make_env():
+def make_env(cfg: Config):
     import env
     try:
-        return env.Env()
+        return env.Env(**dataclasses.asdict(cfg.env))
+    except ValueError as e:  # a setting of the config's env section
+        raise SystemExit(f"config: {e}") from None
     except Exception as e:  # docker SDK errors differ by cause; the fix is the same
         raise SystemExit(f"Docker is not reachable ({type(e).__name__}: {e}). Start the daemon (dockerd or "
                          f"`systemctl start docker`) and make sure this user may use /var/run/docker.sock.")
@@ -625,10 +665,11 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = load_model(cfg, device, ckpt)
-    env = make_env()
+    ref_model = load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
+    env = make_env(cfg)
 
     if world > 1:
-        model = distributed.wrap_parallel(model, cfg, device)
+        model = distributed.wrap_parallel(model, cfg, device, compute_dtype(cfg, device))
     opt = sched = sft_opt = None
 
     def save(step):
@@ -682,6 +723,8 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
         set_rng_state(state["rng"])
     full_ckpt = ckpt is not None and not cfg.model.lora
     engine = make_engine(cfg, ckpt / "model" if full_ckpt else cfg.model.path, device)
+    if cfg.engine.kind == "vllm":
+        distributed.check_engine_placement(*engine.placement(), device)
     policy = rollout.Policy(engine, tok, version=start, template_kwargs=rcfg.chat_template_kwargs,
                             tools=rcfg.tools)
     if ckpt is not None and cfg.model.lora:
@@ -756,6 +799,8 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
             batch = rollout.make_batch(trajs, tok.pad_token_id)
             if cfg.train.updates_per_step > 1:
                 fill_old_logprobs(model, batch, cfg, rcfg.temperature)
+            if acfg.kl_coef:
+                fill_ref_logprobs(model, ref_model, batch, cfg, rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
                 m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
                 rundir.stop_if_non_finite(step + 1, m)

@@ -195,6 +195,42 @@ def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir)
     assert second["ratio_max"] - second["ratio_min"] > 1e-3
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_kl_term_is_k3_to_model_path_weights(tiny_model_dir, lora):
+    """Bug: algo.kl_coef > 0 loaded as valid, then failed on the first step: no reference log-probs
+    were ever computed. π_ref is model.path's weights: a frozen copy, or under LoRA the same model
+    with its adapter disabled; the logged kl_ref is k3 against it, by hand."""
+    from transformers import AutoModelForCausalLM
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
+                            ["algo.kl_coef=0.1", "algo.baseline=grpo", "algo.mismatch=none",
+                             f"model.path={tiny_model_dir}", f"model.lora={str(lora).lower()}"])
+    acfg = config.algo_cfg(cfg)
+    model = train.load_model(cfg, "cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():  # the policy moves away from model.path's weights (under LoRA: the adapter)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    batch = _synthetic_batch(model.config.vocab_size)
+    ref_model = train.load_reference(cfg, "cpu")
+    assert (ref_model is None) == lora
+    train.fill_ref_logprobs(model, ref_model, batch, cfg)
+
+    def lp_of(m):
+        with torch.no_grad():
+            return algo.token_logprobs(m(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                         use_cache=False).logits, batch.input_ids)[0]
+    want_ref, lp = lp_of(AutoModelForCausalLM.from_pretrained(tiny_model_dir)), lp_of(model)
+    mask = batch.attention_mask.bool()
+    torch.testing.assert_close(batch.ref_logprobs[mask], want_ref[mask], rtol=1e-5, atol=1e-5)
+    tok = batch.loss_mask.bool()
+    d = (want_ref - lp)[tok].double()
+    kl = float((d.exp() - d - 1).mean())
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    m = train.update(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), batch, acfg, cfg)
+    assert kl > 1e-4 and m["kl_ref"] == pytest.approx(kl, rel=1e-4)
+
+
 def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_model_dir, docker_env, tmp_path):
     """SFT on 4 copy tasks, validated on 3 others: val_oracle_prob is the mean chance of sampling
     each unseen oracle trajectory exactly (checked against a plain forward); with
