@@ -106,6 +106,9 @@ RULES = {
     "python train.py --config configs/tiny.yaml --dry-run": Rule(check=lambda r, clone: "dry run: OK" in r.stdout),
     "python train.py --config configs/tiny.yaml --resume":
         Rule(append=SHORT + " --set train.steps=3", needs=[DEMO], check=_check_resume),
+    "python train.py --config configs/tiny.yaml --restart":
+        Rule(append=SHORT, needs=[DEMO], check=lambda r, clone: list((clone / "runs").glob("tiny.*"))
+             and (clone / "runs" / "tiny" / "checkpoints" / "step_000000").exists()),
     "python train.py --config configs/qwen3-lora-1gpu.yaml --set model.path=/models/Qwen3-8B":
         Rule(gpu=True, check=_check_no_gpu_once),
     "torchrun --nproc-per-node 8 train.py --config configs/qwen3-full-8gpu.yaml":
