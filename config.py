@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from tasks import EASY_KINDS
+
 
 class ConfigError(ValueError):
     """A config file or --set override is wrong; the message says which key and how to fix it."""
@@ -46,7 +48,7 @@ class EngineConfig:
 
 @dataclass
 class DataConfig:
-    train_tasks: str = "generated"         # "generated" (env.generate_easy_tasks) or a task dir / list file
+    train_tasks: str = "generated"         # "generated" (tasks.generate_easy_tasks) or a task dir / list file
     eval_tasks: str = "generated"          # same, drawn with eval_split / eval_seed
     num_generated_train: int = 64
     num_generated_eval: int = 32
@@ -54,7 +56,18 @@ class DataConfig:
     eval_split: str = "heldout"            # generated eval tasks: "heldout" = unseen names and words;
     #                                        "train" = the train vocabulary in new combinations (eval_seed)
     eval_seed: int = 0
-    generated_kinds: list = field(default_factory=list)  # env.EASY_KINDS to generate (train and eval); [] = all
+    generated_kinds: list = field(default_factory=list)  # tasks.EASY_KINDS to generate (train and eval); [] = all
+    strict_tasks: bool = False             # a malformed task in train_tasks / eval_tasks is an error, not skipped
+
+
+@dataclass
+class EnvConfig:
+    # the three networks of README "Running official Terminal-Bench tasks": default = the daemon's
+    # network where it has one; none; or a docker network name
+    build_network: str = "default"         # image builds (Dockerfiles apt-get / pip install)
+    agent_network: str = "none"            # the agent's container, for tasks that allow_internet; none = always offline
+    grading_network: str = "default"       # joined once the agent's processes are gone, by tasks whose tests fetch their runner
+    multi_reward: str = "mean"             # Harbor reward.json with several keys and no "reward": mean | min | error
 
 
 @dataclass
@@ -107,7 +120,7 @@ class EvalConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 5                         # RL steps between checkpoints (and always at the end)
-    keep_last: int = 3
+    keep_last: int = 3                     # checkpoints kept besides step 0 (the SFT-only start, always kept)
 
 
 @dataclass
@@ -122,6 +135,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     rollout: dict = field(default_factory=dict)   # -> rollout.RolloutConfig (checked against it)
     algo: dict = field(default_factory=dict)      # -> algo.AlgoConfig (checked against it)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -259,11 +273,11 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("engine.kind", cfg.engine.kind, ("vllm", "hf")),
                                ("data.eval_split", cfg.data.eval_split, ("train", "heldout")),
                                ("device", cfg.device, ("auto", "cpu", "cuda")),
-                               ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16"))]:
+                               ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16")),
+                               ("env.multi_reward", cfg.env.multi_reward, ("mean", "min", "error"))]:
         if val not in allowed:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
-    if cfg.data.generated_kinds:  # env (and its docker import) only when there is something to check
-        from env import EASY_KINDS
+    if cfg.data.generated_kinds:
         if bad := [k for k in cfg.data.generated_kinds if k not in EASY_KINDS]:
             raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad}; choose from {EASY_KINDS}")
     if cfg.train.group_size < 1 or cfg.train.tasks_per_step < 1:

@@ -1,8 +1,7 @@
 """env.py — the terminals termrl's agents live in.
 
-Tasks (Terminal-Bench 1.0 and 2 folders, plus a generated family of very easy tasks), one Docker
-container per episode with a persistent bash session, hidden tests copied in only after the
-episode, rewards, a warm pool of pre-started containers, and cleanup of every container we start.
+One Docker container per episode (the tasks come from tasks.py) with a persistent bash session,
+hidden tests copied in only after the episode, rewards, a warm pool of pre-started containers, and cleanup of every container we start.
 
     python env.py validate tasks/ [--k 3] [--json out.json]   # curation: oracle passes, no-op fails
     python env.py shell tasks/<name>                          # a human shell in a task's container
@@ -13,11 +12,11 @@ import argparse
 import atexit
 import base64
 import contextlib
+import fnmatch
 import hashlib
 import io
 import json
 import os
-import random
 import re
 import select
 import shlex
@@ -25,317 +24,35 @@ import signal
 import socket
 import stat
 import struct
-import subprocess
 import sys
 import tarfile
 import threading
 import time
-import tomllib
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from tasks import Task, TaskError, generate_easy_tasks, load_task, oracle_commands, task_dirs
 
-BASE_IMAGE = "termrl-base:bookworm"
 LABEL = "termrl"  # every container and image we create carries this label
 # A root shell working on its own files needs these; everything else (mount, ptrace, raw net...) stays dropped.
 CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID", "NET_BIND_SERVICE"]
-DEFAULT_MEMORY_MB, DEFAULT_CPUS, DEFAULT_PIDS = 2048, 1.0, 512
 OUTPUT_CAP = 16384          # bytes of command output the agent sees (half head, half tail)
 FLOOD_LIMIT = 32 << 20      # a command that streams more than this is killed like a timed-out one
 INLINE_TESTS_MAX = 48 << 10  # tests up to this tar size go in on the grading command line (argv <= 128 KiB)
 _NOT_INSTALLED = "__termrl_tests_not_installed__"
 FILE_SIZE_LIMIT = 1 << 30   # RLIMIT_FSIZE in containers: one runaway `yes > f` cannot fill the host disk
-DEFAULT_DISK_MB = 4096      # a container's writable layer (README "Disk cap" says how it is enforced where)
-DISK_CHECK_S = 0.5          # the disk watchdog's period, where the storage driver has no quota
+DISK_CHECK_S = 0.5          # the disk watchdog's period, where the storage driver has no quota (README "Disk cap")
 SESSION_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "DEBIAN_FRONTEND": "noninteractive", "TERM": "dumb"}
-
-
-class TaskError(ValueError):
-    """A malformed task directory; the message names the file and what is wrong."""
 
 
 class InfraError(RuntimeError):
     """Docker daemon / image build / container start / test harness failure (not the agent's fault)."""
 
 
-# --- Tasks ---------------------------------------------------------------------------------------
-
-@dataclass
-class Task:
-    name: str
-    instruction: str
-    layout: str                       # "tb1" | "tb2" | "generated"
-    path: Path | None = None
-    image: str | None = None          # use this image as is ...
-    dockerfile: Path | None = None    # ... or build this Dockerfile
-    build_context: Path | None = None
-    setup: str | None = None          # shell run before the agent starts (generated tasks)
-    tests: dict = field(default_factory=dict)   # path relative to /tests -> bytes
-    test_command: str = "bash /tests/run-tests.sh"
-    solution: str = ""
-    workdir: str = "/app"
-    agent_timeout_s: float = 360.0
-    test_timeout_s: float = 60.0
-    build_timeout_s: float = 600.0
-    memory_mb: int = DEFAULT_MEMORY_MB
-    cpus: float = DEFAULT_CPUS
-    pids: int = DEFAULT_PIDS
-    disk_mb: int = DEFAULT_DISK_MB
-    allow_internet: bool = False
-    metadata: dict = field(default_factory=dict)
-
-
-def _need(path: Path, what: str) -> Path:
-    if not path.exists():
-        raise TaskError(f"{path}: missing ({what})")
-    return path
-
-
-def _read_tests(tests_dir: Path) -> dict:
-    _need(tests_dir, "the tests/ directory with the hidden tests")
-    files = {str(p.relative_to(tests_dir)): p.read_bytes() for p in sorted(tests_dir.rglob("*"))
-             if p.is_file() and "__pycache__" not in p.parts}
-    if not files:
-        raise TaskError(f"{tests_dir}: empty (the hidden tests go here)")
-    return files
-
-
-def _dockerfile_workdir(dockerfile: Path, default: str = "/app") -> str:
-    """The last absolute WORKDIR of the Dockerfile: TB tasks put the agent where the image does."""
-    found = re.findall(r"^\s*WORKDIR\s+(\S+)\s*$", dockerfile.read_text(errors="replace"), re.M | re.I)
-    return found[-1] if found and found[-1].startswith("/") and "$" not in found[-1] else default
-
-
-def _number(value, where: str, cast=float):
-    try:
-        return cast(value)
-    except (TypeError, ValueError):
-        raise TaskError(f"{where}: expected a number, got {value!r}") from None
-
-
-def _memory_mb(env: dict, where: str) -> int:
-    if "memory_mb" in env:
-        return _number(env["memory_mb"], f"{where} [environment] memory_mb", int)
-    if "memory" in env:  # Harbor also writes memory = "2G" / "512M"
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)[bB]?\s*", str(env["memory"]))
-        if not m:
-            raise TaskError(f"{where} [environment] memory: cannot parse {env['memory']!r} (use e.g. 2G)")
-        scale = {"k": 1 / 1024, "m": 1, "g": 1024, "": 1 / (1 << 20)}[m.group(2).lower()]
-        return max(1, int(float(m.group(1)) * scale))
-    return DEFAULT_MEMORY_MB
-
-
-def _load_tb1(d: Path) -> Task:
-    f = d / "task.yaml"
-    try:
-        meta = yaml.safe_load(f.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise TaskError(f"{f}: invalid YAML: {e}") from None
-    if not isinstance(meta, dict):
-        raise TaskError(f"{f}: expected a mapping with an 'instruction' key")
-    instruction = meta.get("instruction")
-    if not instruction and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
-        instruction = meta["descriptions"][0].get("description")  # older TB1 tasks
-    if not isinstance(instruction, str) or not instruction.strip():
-        raise TaskError(f"{f}: missing 'instruction' (the task text the agent sees)")
-    dockerfile = _need(d / "Dockerfile", "the task image's Dockerfile")
-    tests = _read_tests(d / "tests")
-    tests["run-tests.sh"] = _need(d / "run-tests.sh", "the script that runs the tests").read_bytes()
-    if (d / "solution.sh").exists():
-        solution = (d / "solution.sh").read_text()
-    elif (d / "solution.yaml").exists():
-        steps = yaml.safe_load((d / "solution.yaml").read_text()) or []
-        solution = "\n".join(s["command"] if isinstance(s, dict) else str(s) for s in steps)
-    else:
-        raise TaskError(f"{d / 'solution.sh'}: missing (the oracle solution)")
-    return Task(
-        name=d.name, instruction=instruction.strip(), layout="tb1", path=d, dockerfile=dockerfile,
-        build_context=d, tests=tests, test_command="bash /tests/run-tests.sh", solution=solution,
-        workdir=_dockerfile_workdir(dockerfile),
-        agent_timeout_s=_number(meta.get("max_agent_timeout_sec", 360), f"{f} max_agent_timeout_sec"),
-        test_timeout_s=_number(meta.get("max_test_timeout_sec", 60), f"{f} max_test_timeout_sec"),
-        memory_mb=_number(meta.get("memory_mb", DEFAULT_MEMORY_MB), f"{f} memory_mb", int),
-        cpus=_number(meta.get("cpus", DEFAULT_CPUS), f"{f} cpus"),
-        pids=_number(meta.get("pids", DEFAULT_PIDS), f"{f} pids", int),
-        allow_internet=bool(meta.get("allow_internet", False)), metadata=meta)
-
-
-def _load_tb2(d: Path) -> Task:
-    f = d / "task.toml"
-    try:
-        meta = tomllib.loads(f.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise TaskError(f"{f}: invalid TOML: {e}") from None
-    instruction = _need(d / "instruction.md", "the task text the agent sees").read_text()
-    if not instruction.strip():
-        raise TaskError(f"{d / 'instruction.md'}: empty (the task text the agent sees)")
-    sections = {k: meta.get(k, {}) for k in ("verifier", "agent", "environment")}
-    for k, v in sections.items():
-        if not isinstance(v, dict):
-            raise TaskError(f"{f}: [{k}] must be a table")
-    env = sections["environment"]
-    image = env.get("docker_image")  # a prebuilt image instead of environment/Dockerfile
-    dockerfile = None if image else _need(d / "environment" / "Dockerfile", "the task image's Dockerfile")
-    _need(d / "tests" / "test.sh", "the script that runs the tests and writes /logs/verifier/reward.txt")
-    tests = _read_tests(d / "tests")
-    solution = _need(d / "solution" / "solve.sh", "the oracle solution").read_text()
-    return Task(
-        name=d.name, instruction=instruction.strip(), layout="tb2", path=d, image=image, dockerfile=dockerfile,
-        build_context=d / "environment", tests=tests, test_command="bash /tests/test.sh", solution=solution,
-        workdir=env.get("workdir") or (_dockerfile_workdir(dockerfile) if dockerfile else "/app"),
-        agent_timeout_s=_number(sections["agent"].get("timeout_sec", 600), f"{f} [agent] timeout_sec"),
-        test_timeout_s=_number(sections["verifier"].get("timeout_sec", 600), f"{f} [verifier] timeout_sec"),
-        build_timeout_s=_number(env.get("build_timeout_sec", 600), f"{f} [environment] build_timeout_sec"),
-        memory_mb=_memory_mb(env, str(f)), cpus=_number(env.get("cpus", DEFAULT_CPUS), f"{f} [environment] cpus"),
-        pids=_number(env.get("pids", DEFAULT_PIDS), f"{f} [environment] pids", int),
-        allow_internet=bool(env.get("allow_internet", False)), metadata=meta)
-
-
-def load_task(path) -> Task:
-    """Load one Terminal-Bench 1.0 (task.yaml) or 2 / Harbor (task.toml) task directory."""
-    d = Path(path)
-    if not d.is_dir():
-        raise TaskError(f"{d}: not a directory (expected a task folder with task.yaml or task.toml)")
-    if (d / "task.toml").exists():
-        return _load_tb2(d)
-    if (d / "task.yaml").exists():
-        return _load_tb1(d)
-    raise TaskError(f"{d}: neither task.yaml (Terminal-Bench 1.0) nor task.toml (Terminal-Bench 2) found")
-
-
-def _looks_like_task(d: Path) -> bool:
-    return any((d / n).exists() for n in ("task.yaml", "task.toml", "instruction.md", "solution.sh",
-                                          "run-tests.sh", "tests", "solution"))
-
-
-def task_dirs(spec) -> list[Path]:
-    """Task folders named by spec: a task dir, a dir of task dirs, or a list file (JSON or lines)."""
-    p = Path(spec)
-    if p.is_file():
-        text = p.read_text()
-        try:
-            items = json.loads(text)["tasks"] if text.lstrip().startswith("{") else None
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise TaskError(f"{p}: expected JSON of the form {{\"tasks\": [\"path\", ...]}}") from None
-        if items is None:
-            items = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-        return [(p.parent / i) if not Path(i).is_absolute() else Path(i) for i in items]
-    if not p.is_dir():
-        raise TaskError(f"{p}: no such task directory or task-list file")
-    if (p / "task.yaml").exists() or (p / "task.toml").exists():
-        return [p]
-    return [d for d in sorted(p.iterdir()) if d.is_dir() and _looks_like_task(d)]
-
-
-def load_tasks(spec) -> list[Task]:
-    """All tasks named by spec (see task_dirs); raises TaskError on the first malformed one."""
-    return [load_task(d) for d in task_dirs(spec)]
-
-
-# --- The generated family of very easy tasks (for the tiny CPU demo) -----------------------------
-
-# The held-out split draws names and words from disjoint lists and uses other counts.
-_EASY_WORDS = {
-    "train": ["apple", "river", "stone", "cloud", "green", "tiger", "lemon", "piano", "sugar", "happy",
-              "orange", "silver", "window", "garden", "rocket", "pencil", "yellow", "castle"],
-    "heldout": ["mango", "ocean", "ember", "frost", "violet", "zebra", "cherry", "violin", "honey", "brave",
-                "purple", "golden", "mirror", "forest", "planet", "marker", "indigo", "palace"],
-}
-_EASY_NAMES = {
-    "train": ["notes", "data", "log", "items", "list", "report", "todo", "words", "draft", "info"],
-    "heldout": ["memo", "record", "inventory", "summary", "journal", "ledger", "digest", "roster"],
-}
-_EASY_COUNTS = {"train": (2, 9), "heldout": (10, 16)}
-EASY_KINDS = ["create", "count", "copy", "rename", "append", "mkdir", "delete"]
-
-
-def _easy_one(kind: str, rng: random.Random, split: str) -> tuple[str, str, str, list[tuple[str, str]]]:
-    """(instruction, setup, solution, [(check name, bash condition)]) for one easy task."""
-    words, names = _EASY_WORDS[split], _EASY_NAMES[split]
-    f, g = (f"/app/{n}.txt" for n in rng.sample(names, 2))
-    w1, w2 = rng.sample(words, 2)
-    lines = [rng.choice(words) for _ in range(rng.randint(*_EASY_COUNTS[split]))]
-    body = "\n".join(lines)
-    make_f = f"printf '%s\\n' {' '.join(lines)} > {f}"
-    if kind == "create":
-        return (f"Create the file {f} containing the line: {w1} {w2}", "", f"echo {w1} {w2} > {f}",
-                [("content", f'[ "$(cat {f})" = "{w1} {w2}" ]')])
-    if kind == "count":
-        return (f"Count the lines in {f} and write the number to {g}", make_f, f"wc -l < {f} > {g}",
-                [("number", f'[ "$(tr -d "[:space:]" < {g})" = "{len(lines)}" ]'),
-                 ("source_kept", f"[ -f {f} ]")])
-    if kind == "copy":
-        return (f"Copy {f} to {g}", make_f, f"cp {f} {g}",
-                [("copied", f"cmp -s {g} - <<'EOF'\n{body}\nEOF"), ("source_kept", f"[ -f {f} ]")])
-    if kind == "rename":
-        return (f"Rename {f} to {g}", make_f, f"mv {f} {g}",
-                [("renamed", f"cmp -s {g} - <<'EOF'\n{body}\nEOF"), ("source_gone", f"[ ! -e {f} ]")])
-    if kind == "append":
-        return (f"Append the line {w1} to the end of {f}", make_f, f"echo {w1} >> {f}",
-                [("appended", f"cmp -s {f} - <<'EOF'\n{body}\n{w1}\nEOF")])
-    if kind == "mkdir":
-        return (f"Create the directory /app/{w1}/{w2}", "", f"mkdir -p /app/{w1}/{w2}",
-                [("directory", f"[ -d /app/{w1}/{w2} ]")])
-    if kind == "delete":
-        return (f"Delete the file {f}", f"{make_f}; echo {w1} > {g}", f"rm {f}",
-                [("deleted", f"[ ! -e {f} ]"), ("other_kept", f"[ -f {g} ]")])
-    raise ValueError(f"unknown easy task kind {kind!r}; choose from {EASY_KINDS}")
-
-
-def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None) -> list[Task]:
-    """n procedurally generated very easy tasks (kinds cycled, parameters drawn from seed)."""
-    if split not in _EASY_WORDS:
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    kinds = list(kinds or EASY_KINDS)
-    rng = random.Random(f"termrl-easy:{seed}:{split}")
-    tasks = []
-    for i in range(n):
-        kind = kinds[i % len(kinds)]
-        instruction, setup, solution, checks = _easy_one(kind, rng, split)
-        test = "".join(f"if {cond}\nthen echo 'PASSED {name}'\nelse echo 'FAILED {name}'; fail=1\nfi\n"
-                       for name, cond in checks)
-        tests = {"test.sh": f"#!/bin/bash\nfail=0\n{test}exit $fail\n".encode()}
-        tasks.append(Task(
-            name=f"easy-{split}-{seed}-{i:04d}-{kind}", instruction=instruction, layout="generated",
-            image=BASE_IMAGE, setup=f"mkdir -p /app\n{setup}".strip(), tests=tests,
-            test_command="bash /tests/test.sh", solution=solution + "\n", workdir="/app",
-            agent_timeout_s=120, test_timeout_s=30, memory_mb=256, cpus=1.0, pids=128,
-            metadata={"kind": kind, "split": split, "seed": seed, "index": i}))
-    return tasks
-
-
-# --- Oracle solutions as a sequence of commands --------------------------------------------------
-
-_ERREXIT = re.compile(r"set(\s+([-+][A-Za-z]+|pipefail|errexit|nounset|xtrace|errtrace|noclobber))+")
-
-
-def _complete(chunk: str) -> bool:
-    if re.search(r"(^|[^\\])(\\\\)*\\\n$", chunk):  # ends in a line continuation: bash -n accepts that
-        return False
-    r = subprocess.run(["bash", "-n"], input=chunk, capture_output=True, text=True)
-    return r.returncode == 0 and not r.stderr.strip()  # an open heredoc only warns
-
-
-def oracle_commands(task: Task) -> list[str]:
-    """The oracle solution split into top-level shell commands, in order.
-
-    Lines are accumulated until `bash -n` accepts the chunk; shebangs, comments and `set -e`-style
-    lines are dropped (errexit would end a persistent interactive shell at the first failure)."""
-    commands, chunk = [], []
-    for line in task.solution.splitlines():
-        s = line.strip()
-        if not chunk and (not s or s.startswith("#") or _ERREXIT.fullmatch(s)):
-            continue
-        chunk.append(line)
-        if _complete("\n".join(chunk) + "\n"):
-            commands.append("\n".join(chunk).strip())
-            chunk = []
-    if chunk:
-        raise TaskError(f"{task.path or task.name}: the solution does not parse as bash near: {chunk[0][:80]!r}")
-    return commands
+class BuildError(InfraError):
+    """The task's own Dockerfile failed to build: a defect of the task (validate says so), no episode runs."""
 
 
 # --- Container bookkeeping: labels, the registry of live containers, cleanup on every kind of exit ---
@@ -451,6 +168,8 @@ class Grade:
     tests: dict
     output: str
     infra_error: str | None
+    rewards: dict = field(default_factory=dict)  # every key of a TB2 reward.json (reward.txt: {"reward": x})
+    tampered: str | None = None  # evidence that the episode tampered with grading (reward is then 0)
 
 
 class _Capped:
@@ -540,8 +259,12 @@ class Terminal:
         self.disk_cap_mb = 0  # set by Env when the watchdog (not a storage quota) keeps the disk cap
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
-        self._upper = (info.get("GraphDriver") or {}).get("Data", {}).get("UpperDir")
         self._cgroup = _cgroup_dirs(self._host_pid)
+        self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
+        self._networked = False  # joined the grading network
+        layers = (info.get("GraphDriver") or {}).get("Data") or {}
+        self._layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
+        self._home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
         self._socks = []  # every exec socket of this terminal (old output pipes stay open, unread)
         self._relays = set()  # container pids of the processes whose stdout is the shell's output pipe
         self._start_session()
@@ -781,8 +504,9 @@ class Terminal:
 
     def check_disk(self):
         """End the terminal (dead) when its writable layer is over disk_cap_mb."""
-        if self._upper and os.path.isdir(self._upper):
-            used = _dir_bytes(self._upper)
+        upper = self._layers[0]
+        if upper and os.path.isdir(upper):
+            used = _dir_bytes(upper)
         else:  # a remote daemon: it measures the layer itself (slower)
             used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
         if used > self.disk_cap_mb << 20:
@@ -799,15 +523,37 @@ class Terminal:
         return code, out.decode("utf-8", "replace")
 
     def grade(self) -> Grade:
-        """Copy the hidden tests in, run them with the task's test timeout, and score the episode.
+        """Stop the agent, check the verifier's toolchain, copy the hidden tests in, run them, score.
 
-        reward: 1/0 from the test exit code (TB1, generated) or the number in reward.txt/json (TB2);
-        infra_error (reward None) when the harness, not the agent, failed."""
+        reward: 1/0 from the test exit code (TB1, generated) or reward.txt/json (TB2). An episode
+        that tampered with grading gets reward 0 and `tampered` evidence; infra_error (reward None)
+        only when Docker failed or the harness fails on a fresh container too (tests/test_tampering.py)."""
         t = self.task
         if self.dead:  # the agent broke its own container: a failed episode, not an infrastructure error
             return Grade(0.0, False, {}, f"[the terminal is dead: {self.dead}]", None)
         try:
-            # Start from a clean /tests: an agent must not be able to plant a conftest.py or a reward.
+            exports = self._agent_exports() if t.tests_in_agent_shell else {}
+            evidence = [] if t.keep_agent_processes else self._stop_agent()
+            path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":") if d.startswith("/"))
+            evidence += toolchain_changes(self._changes(), t, self._home, _BIN_DIRS + path_dirs)
+        except Exception as e:
+            return self._failed(e)
+        if evidence:
+            return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
+        g, harness_failed = self._verify(exports)
+        if harness_failed and self.env is not None and self.env.harness_runs(t):
+            return Grade(0.0, False, g.tests, g.output, None, rewards=g.rewards, tampered=(
+                f"{g.infra_error} after the episode, but the harness runs on a fresh container"))
+        return g
+
+    def _verify(self, exports: dict | None = None) -> tuple[Grade, bool]:
+        """Clean /tests and /logs/verifier, unpack the tests, run them: (grade, the harness failed)."""
+        t = self.task
+        env = {**(exports or {}), **verifier_env(t)}
+        try:
+            self._join_grading_network()
+            rc, text = None, ""
+            # Start from a clean /tests: nothing the agent left there or in the verifier's output counts.
             clean = "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent"
             tar, code = _tar(t.tests), None
             if len(tar) <= INLINE_TESTS_MAX:
@@ -817,19 +563,31 @@ class Terminal:
                     f"{{ {clean} && command -v base64 >/dev/null && command -v tar >/dev/null && "
                     f"printf %s {base64.b64encode(tar).decode()} | base64 -d | tar -x -C /tests; }} "
                     f"|| {{ echo {_NOT_INSTALLED}; exit 213; }}\n{t.test_command}",
-                    t.test_timeout_s, env={"TEST_DIR": "/tests"})
+                    t.test_timeout_s, env=env)
                 if code == 213 and _NOT_INSTALLED in out:
                     code = None  # no base64 or tar in this image: the docker API's way below
             if code is None:
                 self.exec(clean, 30)
                 if not self.client.api.put_archive(self.id, "/tests", tar):
                     raise InfraError("could not copy the tests into the container")
-                code, out = self.exec(t.test_command, t.test_timeout_s, env={"TEST_DIR": "/tests"})
+                code, out = self.exec(t.test_command, t.test_timeout_s, env=env)
             if t.layout == "tb2":
-                rc, text = self.exec("for f in /logs/verifier/reward.txt /logs/verifier/reward.json; do "
+                rc, text = self.exec("for f in /logs/verifier/reward.json /logs/verifier/reward.txt; do "
                                      "[ -f $f ] && { echo $f; cat $f; exit 0; }; done; exit 3", 30)
-        except Exception as e:  # daemon error, container gone: not the agent's doing
-            return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}")
+        except Exception as e:
+            return self._failed(e), False
+        g, harness_failed = self._score(code, out, rc, text)
+        offline = _NO_NETWORK.search(out)
+        if offline and not g.tests and not (g.reward or 0) > 0:  # no test ran: the runner could not be fetched
+            net = self.env.grading_network if self.env else "none"
+            return Grade(None, False, g.tests, g.output, "the test harness could not install itself: no network "
+                         f"({offline.group().strip()[:120]}); grading joins env.grading_network ({net}) for "
+                         "tasks whose tests_need_network"), False
+        return g, harness_failed
+
+    def _score(self, code: int, out: str, rc: int | None, text: str) -> tuple[Grade, bool]:
+        """The grade of a test run's exit code, output and (TB2) reward file: (grade, the harness failed)."""
+        t = self.task
         cap = _Capped(OUTPUT_CAP * 4)
         cap.add(out.encode())
         tests = {m.group(2): m.group(1) for m in re.finditer(
@@ -838,20 +596,92 @@ class Terminal:
         output = cap.text() + ("\n[tests timed out]" if timed_out else "")
         if t.layout != "tb2":
             if code in (126, 127) or (code in (3, 4, 5) and not tests):  # harness missing / pytest usage error
-                return Grade(None, False, tests, output, f"test harness failed to run (exit code {code})")
-            return Grade(1.0 if code == 0 else 0.0, code == 0, tests, output, None)
+                return Grade(None, False, tests, output, f"test harness failed to run (exit code {code})"), True
+            return Grade(1.0 if code == 0 else 0.0, code == 0, tests, output, None), False
         if rc != 0:
             if timed_out:
-                return Grade(0.0, False, tests, output, None)
+                return Grade(0.0, False, tests, output, None), False
             return Grade(None, False, tests, output,
-                         f"test harness wrote no /logs/verifier/reward.txt (tests exit code {code})")
+                         f"test harness wrote no /logs/verifier/reward.txt (tests exit code {code})"), True
         path, _, body = text.partition("\n")
         try:
-            d = json.loads(body) if path.endswith(".json") else {"reward": body.strip()}
-            reward = float(d["reward"] if "reward" in d else next(iter(d.values())))
-        except (ValueError, KeyError, StopIteration, TypeError, AttributeError):
-            return Grade(None, False, tests, output, f"{path} does not hold a number: {body[:100]!r}")
-        return Grade(reward, reward >= 1.0, tests, output, None)
+            rewards = json.loads(body) if path.endswith(".json") else {"reward": float(body.strip())}
+            reward = scalar_reward(rewards, self.multi_reward)
+        except (ValueError, TypeError, AttributeError) as e:
+            return Grade(None, False, tests, output, f"{path}: {e}: {body[:100]!r}"), True
+        return Grade(reward, reward >= 1.0, tests, output, None, rewards=rewards), False
+
+    def _join_grading_network(self):
+        """Give the container the grading network, once the agent's processes are gone, when the
+        task's tests fetch their runner and the container has no network yet."""
+        net = self.env.grading_network if self.env else "none"
+        if not self.task.tests_need_network or net == "none" or self.key[4] != "none" or self._networked:
+            return
+        self.client.api.disconnect_container_from_network(self.id, "none")
+        self.client.api.connect_container_to_network(self.id, net)
+        self._networked = True
+
+    def _agent_exports(self) -> dict:
+        """The variables the agent's shell exported (TB1 run_tests_in_same_shell), without those that
+        would load code into the verifier."""
+        r = self.run("export -p", timeout=10)
+        out = {}
+        for m in re.finditer(r'^declare -x ([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"$', r.output, re.M):
+            name, value = m.group(1), re.sub(r"\\(.)", r"\1", m.group(2))
+            if not re.match(r"LD_|PYTHON|PYTEST|BASH_ENV$|ENV$|BASH_FUNC|TEST_DIR$|PS4$|SHELLOPTS$", name):
+                out[name] = value
+        return out
+
+    def _failed(self, e: Exception) -> Grade:
+        """A Docker error while grading: the agent's doing when its container stopped (it killed the
+        process that keeps the container up), else the daemon's (infra_error)."""
+        with contextlib.suppress(Exception):
+            state = self.client.api.inspect_container(self.id)["State"]
+            if not state.get("Running"):
+                return Grade(0.0, False, {}, "", None, tampered=(
+                    f"the container stopped during the episode (exit code {state.get('ExitCode')})"))
+        return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}")
+
+    def _stop_agent(self) -> list[str]:
+        """SIGKILL every process in the container except init and the `sleep` that keeps it up, so
+        nothing the agent started (daemons included) runs while the tests do; evidence for each
+        killed process that names the tests or the verifier's output (tests/test_tampering.py)."""
+        procs = _container_procs(self._host_pid)
+        if procs is None:  # a daemon on another machine: kill from inside, with the container's tools
+            self.exec(_KILL_INSIDE, 30, workdir="/")
+            return []
+        keep = {self._host_pid, _first_child(self._host_pid, procs)}
+        stopped: dict[int, str] = {}
+        for _ in range(1000):  # SIGSTOP until no new process appears: a stopped process cannot fork
+            new = [h for h in procs if h not in keep and h not in stopped]
+            if not new:
+                break
+            for h in new:
+                stopped[h] = _describe(h)
+                with contextlib.suppress(OSError):
+                    os.kill(h, signal.SIGSTOP)
+            procs = _container_procs(self._host_pid) or {}
+        for h in stopped:
+            with contextlib.suppress(OSError):
+                os.kill(h, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while left := [h for h in (_container_procs(self._host_pid) or {}) if h in stopped and not _zombie(h)]:
+            if time.monotonic() > deadline:
+                raise InfraError(f"processes {left} of the agent survived SIGKILL")
+            time.sleep(0.005)
+        return [f"a process the agent left running refers to {m.group()}: {text[:200]!r}"
+                for text in stopped.values() if (m := _VERIFIER_PATHS.search(text))]
+
+    def _changes(self) -> list[tuple[str, str]]:
+        """(path, "A"dded | "C"hanged | "D"eleted) of the container against its image: from the overlay
+        upper dir when it is on this machine (docker's diff API walks every layer: ~0.7 s here)."""
+        upper, lowers = self._layers
+        if upper and os.path.isdir(upper):
+            return _overlay_changes(upper, lowers)
+        entries = [(c["Path"], "CAD"[c["Kind"]]) for c in self.client.api.diff(self.id) or []]
+        paths = sorted(p for p, _ in entries)
+        parents = {p.rsplit("/", 1)[0] for p in paths}
+        return [(p, k) for p, k in entries if p not in parents]  # a directory is listed when a child changed
 
     def close(self):
         if not self.closed:
@@ -1037,6 +867,157 @@ def _dir_bytes(path: str) -> int:
     return total
 
 
+# --- Grading integrity: the verifier's environment, the agent's leftovers, toolchain changes -----
+
+# What a harness prints when it cannot download its runner (curl, pip, uv, apt, DNS).
+_NO_NETWORK = re.compile(r"^.*(Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
+                         r"Failed to establish a new connection|failed to lookup address|dns error).*$", re.M | re.I)
+# Where the verifier's input and output live: a process of the agent that names them is tampering.
+_VERIFIER_PATHS = re.compile(r"/tests\b|/logs/verifier|reward\.(txt|json)")
+# Inside a container whose processes we cannot signal from here: stop, then kill, all but init,
+# the first child of init (the sleep that keeps the container up) and this script's own ancestry.
+_KILL_INSIDE = r"""keep=" 1 $$ $PPID $(cut -d' ' -f4 /proc/$PPID/stat) "
+first=$(for p in /proc/[0-9]*; do [ "$(cut -d' ' -f4 $p/stat 2>/dev/null)" = 1 ] && echo ${p#/proc/}; done | sort -n | head -1)
+for sig in STOP STOP STOP KILL; do for p in /proc/[0-9]*; do p=${p#/proc/}
+  case "$keep $first " in *" $p "*) ;; *) kill -$sig $p 2>/dev/null;; esac; done; done; true"""
+RUNNER_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+# Programs every test harness may run, besides the words of the task's own test scripts.
+_HARNESS_PROGRAMS = {"bash", "sh", "dash", "env", "timeout", "python", "python3", "pytest", "pytest-3",
+                     "py.test", "pip", "pip3", "uv", "uvx"}
+_RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py", "pluggy.py"}
+_BIN_DIRS = ("/usr/local/sbin/", "/usr/local/bin/", "/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/")
+
+
+def verifier_env(task: Task) -> dict:
+    """Environment of the test run. The rest comes from the image's config, which the agent cannot
+    change (its `export`s live in its own shell): PATH, PYTHONPATH, HOME. Python's user site is off
+    and pytest reads no conftest or ini file above /tests, only the task's own (tests/test_tampering.py)."""
+    ini = next((f"/tests/{n}" for n in RUNNER_CONFIGS if n in task.tests), "/dev/null")
+    return {"TEST_DIR": "/tests", "PYTHONNOUSERSITE": "1",
+            "PYTEST_ADDOPTS": f"-p no:cacheprovider --rootdir=/tests --confcutdir=/tests -c {ini}"}
+
+
+def scalar_reward(rewards: dict, multi: str = "mean") -> float:
+    """The reward of a Harbor reward.json. Harbor keeps every key and its metrics expect one (or a key
+    named "reward", which its rewardkit writes as the aggregate); several keys and no "reward" are
+    reduced by `multi`: "mean", "min" (every criterion must hold) or "error"."""
+    if not isinstance(rewards, dict) or not rewards:
+        raise ValueError("expected a JSON object of numbers")
+    values = {k: float(v) for k, v in rewards.items()}
+    if "reward" in values or len(values) == 1:
+        return values.get("reward", next(iter(values.values())))
+    if multi == "mean":
+        return sum(values.values()) / len(values)
+    if multi == "min":
+        return min(values.values())
+    raise ValueError(f"several rewards {sorted(values)} and no 'reward' key; set env.multi_reward to mean or min")
+
+
+def _script_words(task: Task) -> tuple[set, set]:
+    """(words, sourced absolute paths) of the task's test command and shell scripts in its tests."""
+    text = task.test_command + "\n" + "\n".join(
+        v.decode("utf-8", "replace") for k, v in task.tests.items() if k.endswith(".sh"))
+    words = set(re.findall(r"[A-Za-z0-9_.+-]+", text))
+    sourced = {p for p in re.findall(r"(?:^|[;&|({\s])(?:source|\.)\s+[\"']?([^\s\"';&|)]+)", text)}
+    return words, sourced
+
+
+def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DIRS) -> list[str]:
+    """Evidence that the container's changes against its image reach the verifier's toolchain: the
+    harness's programs on PATH, Python's startup hooks and the test runner's package, the dynamic
+    loader's config, runner config above /tests, files the test scripts source. A task lists the
+    globs its legitimate solution must change in verifier_changes_ok."""
+    words, sourced = _script_words(task)
+    programs = _HARNESS_PROGRAMS | words
+    sourced = {re.sub(r"^(\$HOME|\$\{HOME\}|~)(?=/)", home, p) for p in sourced}
+    kinds = {"A": "added", "C": "changed", "D": "deleted"}
+    out = []
+    for path, kind in changes:
+        if path.startswith(("/tests/", "/logs/", "/proc/", "/tmp/pytest-of-")) or path in ("/tests", "/logs") or \
+                any(fnmatch.fnmatch(path, g) for g in task.verifier_changes_ok):
+            continue
+        parts, name = path.split("/"), path.rsplit("/", 1)[-1]
+        why = None
+        if path.startswith("/etc/ld.so.preload") or path.startswith("/etc/ld.so.conf"):
+            why = "the dynamic loader's config"
+        elif path[:len(path) - len(name)] in bin_dirs and (name in programs or re.fullmatch(r"python\d[\d.]*", name)):
+            why = "a program the test harness runs"
+        elif name in ("sitecustomize.py", "usercustomize.py") or (name.endswith(".pth") and "python" in path):
+            why = "a Python startup hook"
+        elif _RUNNER_PACKAGES & set(parts) or re.search(r"/(pytest|pluggy)-[^/]*\.dist-info(/|$)", path):
+            why = "the test runner's package"
+        elif re.match(r"/usr/lib/python3\.\d+/(?!(dist|site)-packages/)", path) and not (kind == "A" and "__pycache__" in parts):
+            why = "Python's standard library"
+        elif kind != "A" and re.match(r"/(usr/)?lib(64|/x86_64-linux-gnu|/aarch64-linux-gnu)?/[^/]*\.so[.\d]*$", path):
+            why = "a shared library"
+        elif len(parts) == 2 and name in RUNNER_CONFIGS + ("conftest.py",):
+            why = "test runner config above /tests"
+        elif path in sourced:
+            why = "a file the test script sources"
+        if why:
+            out.append(f"{kinds[kind]} {path} ({why})")
+    return out
+
+
+def _overlay_changes(upper: str, lowers: list[str]) -> list[tuple[str, str]]:
+    """What docker diff reports, from the overlay dirs: whiteouts are deletions, a file also in a
+    lower layer was changed, else added; an opaque directory (removed, then made again) changed."""
+    out = []
+    for root, dirs, files in os.walk(upper):
+        rel = root[len(upper):]
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                if os.getxattr(os.path.join(root, d), "trusted.overlay.opaque") == b"y":
+                    out.append((f"{rel}/{d}", "C"))
+        for f in files:
+            st = os.lstat(os.path.join(root, f))
+            p = f"{rel}/{f}"
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                out.append((p, "D"))
+            else:
+                out.append((p, "C" if any(os.path.lexists(lo + p) for lo in lowers) else "A"))
+    return out
+
+
+def _stat_fields(hpid: int) -> list[str]:
+    return Path(f"/proc/{hpid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _first_child(init_pid: int, procs: dict) -> int | None:
+    """The oldest child of the container's init: the sleep that keeps the container up."""
+    kids = []
+    for h in procs:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            f = _stat_fields(h)
+            if int(f[1]) == init_pid:
+                kids.append((int(f[19]), h))
+    return min(kids)[1] if kids else None
+
+
+def _zombie(hpid: int) -> bool:
+    try:
+        return _stat_fields(hpid)[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # gone
+
+
+def _describe(hpid: int) -> str:
+    """A process's command line and the text of the scripts it names (what it will do)."""
+    try:
+        argv = Path(f"/proc/{hpid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    text = b" ".join(argv).decode("utf-8", "replace")
+    for a in argv[1:]:
+        if a.startswith(b"/") or b"." in a:
+            with contextlib.suppress(OSError, ValueError):
+                cwd = os.readlink(f"/proc/{hpid}/cwd")
+                p = Path(f"/proc/{hpid}/root") / os.path.join(cwd, a.decode()).lstrip("/")
+                if p.is_file() and p.stat().st_size < (1 << 16):
+                    text += "\n" + p.read_text(errors="replace")
+    return text
+
+
 def _tar(files: dict) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -1065,8 +1046,9 @@ class Env:
     Warm pool: `warm` started containers are kept ready per container config (image + limits) once
     that config was reset 3 times or passed to warmup(); only the `max_pools` most recent are kept."""
 
-    def __init__(self, warm: int = 0, max_concurrent_starts: int = 4, allow_internet: bool = False,
-                 output_cap: int = OUTPUT_CAP, max_pools: int = 16):
+    def __init__(self, warm: int = 0, max_concurrent_starts: int = 4, output_cap: int = OUTPUT_CAP,
+                 max_pools: int = 16, multi_reward: str = "mean", build_network: str = "default",
+                 agent_network: str = "none", grading_network: str = "default"):
         import docker  # imported here so task loading works without the docker SDK
         self._docker = docker
         try:
@@ -1074,7 +1056,22 @@ class Env:
             self.client.ping()
         except Exception as e:
             raise InfraError(f"cannot reach the Docker daemon ({e}); run `bash scripts/setup.sh`") from None
-        self.warm, self.allow_internet, self.output_cap, self.max_pools = warm, allow_internet, output_cap, max_pools
+        self.warm, self.output_cap, self.max_pools = warm, output_cap, max_pools
+        # Three networks (see README "Running official Terminal-Bench tasks"): image builds, the agent's
+        # episode (only tasks that allow_internet, and only when this is not "none"), and grading, joined
+        # once the agent's processes are gone by tasks whose tests install their runner. "default" is the
+        # daemon's bridge where it has one, else none.
+        names = {n["Name"] for n in self.client.api.networks()}
+        resolve = lambda n: ("bridge" if "bridge" in names else "none") if n == "default" else n  # noqa: E731
+        for what, n in [("build", build_network), ("agent", agent_network), ("grading", grading_network)]:
+            if resolve(n) not in names | {"none"}:
+                raise ValueError(f"env.{what}_network {n!r}: no such docker network; `docker network ls` "
+                                 "lists them (or use none / default)")
+        self.build_network = "default" if resolve(build_network) == "bridge" else resolve(build_network)
+        self.agent_network, self.grading_network = resolve(agent_network), resolve(grading_network)
+        if multi_reward not in ("mean", "min", "error"):
+            raise ValueError(f"multi_reward must be mean, min or error, got {multi_reward!r}")
+        self.multi_reward = multi_reward
         self._starts = threading.Semaphore(max_concurrent_starts)
         self._lock = threading.Condition()
         self._pool: dict[tuple, list[Terminal]] = {}  # container config -> ready terminals, least recent first
@@ -1141,16 +1138,14 @@ class Env:
             for rel, p in files:
                 tar.add(str(p), arcname=rel)
         buf.seek(0)
-        names = {n["Name"] for n in self.client.api.networks()}
         log = []
         try:
             for chunk in self.client.api.build(
                     fileobj=buf, custom_context=True, tag=tag, rm=True, forcerm=True, decode=True,
                     dockerfile=str(task.dockerfile.relative_to(task.build_context)), labels={LABEL: "1"},
-                    network_mode="default" if (task.allow_internet and self.allow_internet and "bridge" in names) else "none",
-                    timeout=int(task.build_timeout_s)):
+                    network_mode=self.build_network, timeout=int(task.build_timeout_s)):
                 if "error" in chunk:
-                    raise InfraError(f"building {task.name} ({task.dockerfile}) failed: {chunk['error'].strip()}\n"
+                    raise BuildError(f"building {task.name} ({task.dockerfile}) failed: {chunk['error'].strip()}\n"
                                      + "".join(log[-20:]))
                 log.append(chunk.get("stream", ""))
         except InfraError:
@@ -1160,11 +1155,12 @@ class Env:
 
     # -- containers ----------------------------------------------------------------------------
     def _key(self, task: Task) -> tuple:
-        net = "bridge" if (task.allow_internet and self.allow_internet) else "none"
-        return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir, task.disk_mb)
+        net = self.agent_network if task.allow_internet else "none"
+        return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir,
+                tuple(sorted(task.env.items())), task.disk_mb)
 
     def _start(self, key: tuple) -> Terminal:
-        image, memory_mb, cpus, pids, net, workdir, disk_mb = key
+        image, memory_mb, cpus, pids, net, workdir, variables, disk_mb = key
         with self._starts:
             try:
                 if _SHUTDOWN.is_set():
@@ -1180,6 +1176,7 @@ class Env:
                 try:
                     c = self.client.api.create_container(
                         image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir, labels=_owner_labels(),
+                        environment=dict(variables),
                         hostname="termrl", host_config=self.client.api.create_host_config(**host_config))
                 except self._docker.errors.APIError as e:
                     if not (self.disk_quota and "storage" in str(e).lower()):
@@ -1193,6 +1190,7 @@ class Env:
                 if _SHUTDOWN.is_set():  # the signal's cleanup may have run before this container existed
                     raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
                 term = Terminal(self.client, cid, key, self.output_cap)
+                term.env, term.multi_reward = self, self.multi_reward
                 if not self.disk_quota:
                     term.disk_cap_mb = disk_mb
                 self._terms.add(term)
@@ -1282,6 +1280,18 @@ class Env:
                 raise InfraError(f"task {task.name}: setup failed (exit {r.exit_code}): {r.output[-500:]}")
         return term
 
+    def harness_runs(self, task: Task) -> bool:
+        """Whether task's test harness runs (whatever its verdict) on a fresh container: when it does,
+        a harness that failed after an episode was broken by the agent."""
+        try:
+            with self._start(self._key(task)) as term:
+                term.task = task
+                if task.setup:
+                    term.run(f"bash -c {shlex.quote(task.setup)}", timeout=120)
+                return not term._verify()[1]
+        except InfraError:
+            return False
+
     def close(self):
         with self._lock:
             self._closed = True
@@ -1308,10 +1318,11 @@ def run_oracle(env: Env, task: Task, noop: bool = False) -> Grade:
         return term.grade()
 
 
-def validate_task(env: Env, path, k: int = 3) -> dict:
-    """The paper's instance filter: the oracle passes k times in a row and doing nothing fails."""
+def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4) -> dict:
+    """The paper's instance filter: the oracle passes k times in a row and doing nothing fails; then
+    flake_runs more oracle episodes, `load` at a time, give the flake rate a 1-in-10 flake shows in."""
     row = {"task": Path(path).name if not isinstance(path, Task) else path.name, "status": "ok",
-           "oracle": [], "noop": None, "build_s": None, "error": None}
+           "oracle": [], "noop": None, "build_s": None, "error": None, "flake_rate": None}
     try:
         task = path if isinstance(path, Task) else load_task(path)
         t0 = time.monotonic()
@@ -1326,15 +1337,32 @@ def validate_task(env: Env, path, k: int = 3) -> dict:
             if g.infra_error:
                 raise InfraError(f"oracle run: {g.infra_error}")
             row["oracle"].append(g.reward)
+            if g.tampered:
+                row["status"], row["error"] = "oracle_flagged", (
+                    f"the oracle's episode is flagged as tampering: {g.tampered}; list the paths its solution "
+                    "must change in verifier_changes_ok, or set keep_agent_processes if its tests need a "
+                    "service it started")
+                return row
             if not g.passed:
                 row["error"] = "oracle failed: " + g.output[-600:]
                 break
+        if not row["error"] and flake_runs:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(load) as pool:
+                grades = list(pool.map(lambda _: run_oracle(env, task), range(flake_runs)))
+            failed = [g for g in grades if not g.passed]
+            row["flake_rate"] = len(failed) / flake_runs
+            if failed:
+                row["error"] = (f"oracle failed {len(failed)} of {flake_runs} runs under load {load}: "
+                                + (failed[0].infra_error or failed[0].output[-600:]))
         if row["error"]:
-            row["status"] = "oracle_fails" if len(row["oracle"]) == 1 else "flaky"
+            row["status"] = "oracle_fails" if len(row["oracle"]) == 1 and not row["flake_rate"] else "flaky"
         elif row["noop"] and row["noop"] > 0:
             row["status"], row["error"] = "noop_passes", "doing nothing already earns reward"
     except TaskError as e:
         row["status"], row["error"] = "malformed", str(e)
+    except BuildError as e:  # the task's own Dockerfile: a defect of the task, with the build log's tail
+        row["status"], row["error"] = "build_fails", str(e)
     except InfraError as e:
         row["status"], row["error"] = "infra_error", str(e)
     return row
@@ -1349,15 +1377,16 @@ def _validate_main(args) -> int:
     if not paths:
         print(f"no tasks found under {args.tasks}", file=sys.stderr)
         return 2
-    with Env(max_concurrent_starts=args.jobs) as env, ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(tqdm(pool.map(lambda p: validate_task(env, p, args.k), paths), total=len(paths),
-                         desc="validate", unit="task"))
+    with Env(max_concurrent_starts=args.jobs, **_env_kwargs(args)) as env, ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(tqdm(pool.map(lambda p: validate_task(env, p, args.k, args.flake_runs, args.load), paths),
+                         total=len(paths), desc="validate", unit="task"))
     w = max(len(r["task"]) for r in rows)
-    print(f"\n{'task':<{w}}  {'status':<12} {'build_s':>7}  {'noop':>4}  oracle")
+    print(f"\n{'task':<{w}}  {'status':<14} {'build_s':>7}  {'noop':>4}  {'flake':>5}  oracle")
     for r in rows:
         oracle = " ".join(f"{x:g}" for x in r["oracle"]) or "-"
-        print(f"{r['task']:<{w}}  {r['status']:<12} {r['build_s'] if r['build_s'] is not None else '-':>7}  "
-              f"{r['noop'] if r['noop'] is not None else '-':>4}  {oracle}")
+        flake = f"{r['flake_rate']:.0%}" if r["flake_rate"] is not None else "-"
+        print(f"{r['task']:<{w}}  {r['status']:<14} {r['build_s'] if r['build_s'] is not None else '-':>7}  "
+              f"{r['noop'] if r['noop'] is not None else '-':>4}  {flake:>5}  {oracle}")
     bad = [r for r in rows if r["status"] != "ok"]
     for r in bad:
         print(f"\n{r['task']}: {r['status']}: {r['error']}")
@@ -1368,15 +1397,25 @@ def _validate_main(args) -> int:
     return 1 if bad else 0
 
 
+def _env_kwargs(args) -> dict:
+    return {"build_network": args.build_network, "agent_network": args.agent_network,
+            "grading_network": args.grading_network}
+
+
 def _shell_main(args) -> int:
     task = load_task(args.task)
-    with Env() as env:
+    with Env(**_env_kwargs(args)) as env:
         image = env.image(task)
-    cmd = ["docker", "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", "none",
+        net = env._key(task)[4]
+    cmd = ["docker", "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,
+           *[f"-e{k}={v}" for k, v in task.env.items()],
            "--label", f"{LABEL}=1", "--cap-drop", "ALL", *[f"--cap-add={c}" for c in CAPS],
            "--memory", f"{task.memory_mb}m", "--pids-limit", str(task.pids), "-w", task.workdir,
            "--entrypoint", "bash", image]
-    print(f"# {task.name}: {task.instruction[:200]}\n# {' '.join(cmd)}", file=sys.stderr)
+    # the whole instruction, line by line as written (code blocks in it stay intact): the human
+    # is here to do the task, and a cut-off instruction hides what the tests check
+    instruction = "\n".join(f"#   {line}".rstrip() for line in task.instruction.strip().splitlines())
+    print(f"# {task.name}:\n{instruction}\n# {' '.join(cmd)}", file=sys.stderr)
     os.execvp("docker", cmd)
 
 
@@ -1389,8 +1428,19 @@ def main(argv=None) -> int:
     v.add_argument("--json", help="write the per-task results here")
     v.add_argument("--jobs", type=int, default=2, help="tasks validated in parallel")
     v.add_argument("--easy", type=int, default=0, help="also validate this many generated easy tasks")
+    v.add_argument("--flake-runs", type=int, default=0,
+                   help="after k passes, this many more oracle runs; a 1-in-10 flake needs ~30 to show")
+    v.add_argument("--load", type=int, default=4, help="the flake runs go this many at a time (concurrent load)")
     s = sub.add_parser("shell", help="open an interactive shell in a task's container")
     s.add_argument("task")
+    for p in (v, s):
+        p.add_argument("--build-network", default="default",
+                       help="network of image builds: default (the daemon's), none, or a network name")
+        p.add_argument("--agent-network", default="none",
+                       help="network of the agent's container for tasks that allow_internet (none: always offline)")
+        p.add_argument("--grading-network", default="default",
+                       help="network joined for grading, after the agent's processes are gone, by tasks whose "
+                            "tests_need_network")
     args = ap.parse_args(argv)
     try:
         return _validate_main(args) if args.cmd == "validate" else _shell_main(args)

@@ -435,7 +435,7 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
     progs = defaultdict(lambda: {"count": 0, "failed": 0, "timed_out": 0})
     flags = defaultdict(lambda: {"commands": 0, "episodes": 0, "examples": []})
     n_cmds = n_repeat = n_dup = n_invalid = ep_invalid = n_failed = n_timeout = n_shell = 0
-    loops, rewards, finishes = [], [], Counter()
+    loops, rewards, finishes, tampered = [], [], Counter(), []
     trajectories = list(trajectories)
     for ei, t in enumerate(trajectories):
         steps = episode_steps(t)
@@ -470,6 +470,8 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
         for lp in find_loops(cmds, loop_repeats):
             loops.append({"episode": ei, "task": _get(t, "task_name"), **lp})
         finishes[_get(t, "finish_reason")] += 1
+        if why := (_get(t, "grade") or {}).get("tampered"):  # env.Terminal.grade's evidence; graded 0
+            tampered.append({"episode": ei, "task": _get(t, "task_name"), "evidence": why[:300]})
         if is_valid(t):
             rewards.append(_get(t, "reward"))
     for st in progs.values():
@@ -486,6 +488,7 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
         "looping_episodes": len({lp["episode"] for lp in loops}), "loops": loops[:max_examples * 4],
         "invalid_tool_calls": n_invalid, "episodes_with_invalid_tool_calls": ep_invalid,
         "shell_deaths": n_shell,
+        "tampered_episodes": len(tampered), "tampered": tampered[:max_examples * 4],
         "programs": dict(sorted(progs.items(), key=lambda kv: -kv[1]["count"])),
         "flags": {cat: flags[cat] for cat in ("tests", "solution", "network", "outside",
                                               "destructive") if cat in flags},
@@ -537,6 +540,8 @@ def format_behaviour(r: dict, top: int = 12) -> str:
         lines.append(f"FLAG {cat}: {f['commands']} commands in {f['episodes']} episodes")
         for ex in f["examples"][:3]:
             lines.append(f"    [{ex['task']}#{ex['episode']}] {ex['reason']}: {ex['command'][:100]}")
+    for ex in r.get("tampered", [])[:5]:
+        lines.append(f"TAMPERED [{ex['task']}#{ex['episode']}] graded 0: {ex['evidence'][:160]}")
     if not r["flags"] and not r["loops"]:
         lines.append("no loops, no forbidden or destructive commands")
     return "\n".join(lines)
@@ -710,18 +715,18 @@ def sampling_settings(rcfg, model: dict, tasks_spec) -> dict:
 
 def cmd_run(args):
     import config
-    import env
     import train  # its task sets; imported here so train.py may import this module
+    from tasks import load_tasks
 
     cfg = config.load_config(args.config, args.set)
     rcfg = config.rollout_cfg(cfg)
     # no --tasks: the config's held-out set, exactly as train.py's periodic eval draws it
-    tasks = env.load_tasks(args.tasks) if args.tasks else train.load_task_sets(cfg)[1]
+    tasks = load_tasks(args.tasks, strict=cfg.data.strict_tasks) if args.tasks else train.load_task_sets(cfg)[1]
     policy, model = build_policy(cfg, rcfg, args.model, args.policy)
     settings = sampling_settings(rcfg, model, args.tasks or f"{cfg.data.eval_tasks} "
                                  f"(config data.eval_tasks)")
     try:
-        with train.make_env() as e:
+        with train.make_env(cfg) as e:
             summary = evaluate_policy(tasks, policy, e, rcfg, args.k, args.out, settings)
     finally:
         policy.close()
@@ -738,7 +743,7 @@ def cmd_curate(args):
     out = curate(json.loads(path.read_text()), args.min_pass, args.max_pass)
     dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # env.load_tasks resolves relative entries against the list's folder
+    # tasks.load_tasks resolves relative entries against the list's folder
     out["tasks"] = [os.path.relpath(Path(p).resolve(), dest.parent.resolve()) for p in out["tasks"]]
     dest.write_text(json.dumps(out, indent=1) + "\n")
     n = out["counts"]

@@ -38,7 +38,8 @@ from typing import Iterable
 import torch
 
 from algo import Batch
-from env import InfraError, oracle_commands
+from env import InfraError
+from tasks import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
                   "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead")
@@ -102,7 +103,8 @@ class RolloutConfig:
     group_redundancy: int = 0           # start G + r, keep the first G that finish
     num_workers: int = 8                # episode threads
     max_staleness: int | None = None    # drop samples older than this many policy versions
-    prefill_prob: float = 0.0           # share of episodes that start from an oracle prefix
+    prefill_prob: float = 0.0           # share of groups that start from an expert prefix (one anchor each)
+    refresh_expert: bool = False        # a task's expert becomes the policy's latest shortest success on it
     system_prompt: str = SYSTEM_PROMPT
     chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {"enable_thinking": False}
     # The tool schemas in the system turn (the template's <tools> block). A model trained from
@@ -167,8 +169,12 @@ class ChatFormat:
 
     def __init__(self, tokenizer, tools=TOOLS, template_kwargs=None):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat_template; use a chat model's tokenizer (Qwen-style, with tools)")
+            raise ValueError("the tokenizer has no chat_template; use a chat model's tokenizer")
         self.tok, self.tools, self.kw = tokenizer, tools, dict(template_kwargs or {})
+        # Many chat templates (SmolLM2's, Llama-2-style ones) ignore `tools=`. Then the schemas and
+        # the call format must reach the model some other way: we write the Hermes/Qwen <tools>
+        # block into the system message ourselves (tests/test_smollm2.py).
+        self.inline_tools = bool(tools) and self._renders_same_without_tools()
         text = self.render(self.BASE[:2] + [{"role": "assistant", "content": self.PROBE}])
         if self.PROBE not in text:
             raise ValueError("the chat template does not render assistant content verbatim; cannot find turn ends")
@@ -179,9 +185,18 @@ class ChatFormat:
         self.stop_id = self.turn_end_ids[0]
         self._base_ids = self.encode(self.render(self.BASE))
 
+    def _renders_same_without_tools(self) -> bool:
+        msgs = self.BASE[:2]
+        def text(tools):
+            return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, **self.kw)
+        return text(self.tools) == text(None)
+
     def render(self, messages, add_generation_prompt=False) -> str:
-        return self.tok.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt, **self.kw)
+        if self.inline_tools:
+            messages = hermes_messages(messages, self.tools)
+        return self.tok.apply_chat_template(messages, tools=None if self.inline_tools else self.tools,
+                                            tokenize=False, add_generation_prompt=add_generation_prompt,
+                                            **self.kw)
 
     def encode(self, text) -> list:
         return self.tok.encode(text, add_special_tokens=False)
@@ -202,6 +217,25 @@ class ChatFormat:
     def expert_ids(self, command) -> list:
         """An assistant turn that calls bash(command), as the model would emit it (stop token included)."""
         return self.encode(tool_call_text("bash", {"command": command})) + [self.stop_id]
+
+
+def hermes_messages(messages, tools) -> list:
+    """`messages` as a template without tool support should see them, in the Hermes/Qwen convention
+    chat models are tuned on: the tool schemas and the call format appended to the system message
+    (one is added when there is none), tool results as user turns inside <tool_response> tags."""
+    block = ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+             "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+             + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+             + "\n</tools>\n\nFor each function call, return a json object with function name and "
+             "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+             '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+    out = [{"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+           if m["role"] == "tool" else m for m in messages]
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": out[0]["content"] + block}
+    else:
+        out.insert(0, {"role": "system", "content": block.lstrip("\n")})
+    return out
 
 
 def tool_call_text(name, arguments) -> str:
@@ -285,10 +319,15 @@ class VLLMEngine:
         kw.update(llm_kwargs)
         self.llm = LLM(**kw)
         self.engine = self.llm.llm_engine
+        self.dtype = self.engine.model_config.dtype  # what update_weights' tensors are cast to
         self.tied = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
         self.lora = None           # the LoRARequest every new request uses
         self._lora_ids = 0         # fresh id per load: vLLM caches adapters by id (verl#7495)
         self.sleeping, self._weights_awake, self.lora_enabled = False, True, enable_lora
+
+    def placement(self) -> tuple[str, int]:
+        """(device, local rank) of the engine's worker, as vLLM placed it."""
+        return self.llm.collective_rpc(lambda worker: (str(worker.device), int(worker.local_rank)))[0]
 
     def add(self, request_id, prompt_ids, sampling, ctx=None):
         from vllm import SamplingParams
@@ -388,7 +427,7 @@ class HFEngine:
     def __init__(self, model, dtype=torch.float32, device="cpu"):
         from transformers import AutoModelForCausalLM
         self.base = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype).to(device).eval()
-        self.model, self.device, self.pending = self.base, device, []
+        self.model, self.device, self.dtype, self.pending = self.base, device, dtype, []
         self.pad_id = self.base.config.pad_token_id if self.base.config.pad_token_id is not None else 0
         self.sleeping = False
 
@@ -673,8 +712,10 @@ def _check_tokens(chat, traj, gen_prompt):
         traj.metrics["token_mismatch"] += 1
 
 
-def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, cancel=None, seed=None):
-    """Play one episode of task; returns a Trajectory (None if `cancel` was set before it finished)."""
+def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, cancel=None, seed=None,
+                expert=None):
+    """Play one episode of task, its first `prefill_k` turns replayed from `expert` (commands;
+    default the oracle's); returns a Trajectory (None if `cancel` was set before it finished)."""
     chat = policy.chat
     t_start = time.monotonic()
     traj = Trajectory(task_name=task.name, group_id=group_id, policy_version=policy.version, prefill_k=prefill_k)
@@ -685,7 +726,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
     traj.prompt_len = len(traj.token_ids)
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_tokens_per_turn, seed,
                         stop_token_ids=(chat.stop_id,))
-    expert = oracle_commands(task)[:prefill_k] if prefill_k else []
+    expert = (oracle_commands(task) if expert is None else expert)[:prefill_k] if prefill_k else []
     deadline = t_start + (cfg.episode_timeout_s or task.agent_timeout_s)
     term, finish, versions = None, None, []
     if cancel is not None and cancel.is_set():  # the group is already complete
@@ -709,7 +750,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
             if budget <= 0:
                 finish = "context_overflow"
                 break
-            # one assistant turn = one chunk: prefilled from the oracle, or sampled
+            # one assistant turn = one chunk: prefilled from the expert, or sampled
             if turn < len(expert):
                 ids = chat.expert_ids(expert[turn])
                 if len(ids) > room:  # the per-turn cap is for sampling; an expert turn only needs room
@@ -784,7 +825,8 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
         t0 = time.monotonic()
         g = term.grade()
         tm["grade_s"] = time.monotonic() - t0
-        traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error}
+        traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
+                      "rewards": g.rewards, "tampered": g.tampered}
         if g.infra_error:
             raise InfraError(g.infra_error)
         traj.reward = float(g.reward)
@@ -808,12 +850,33 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
 # Many episodes: groups, redundancy, prefill, staleness
 # --------------------------------------------------------------------------------------------
 
-def draw_prefill_k(task, cfg, rng) -> int:
-    """k oracle turns to start from (the paper's chunk-level initialised resampling), 0 = from scratch."""
+def draw_prefill_k(task, cfg, rng, expert=None) -> int:
+    """Anchor k: the number of expert turns to replay before the policy samples (the paper's
+    chunk-level initialised resampling, §3.2.4.4), 0 = from scratch. The expert trajectory
+    (`expert` commands, default the oracle's) is its n commands and a submit, K = n + 1 chunks;
+    k is uniform on 1..n, so the policy samples at least the last chunk."""
     if cfg.prefill_prob <= 0 or rng.random() >= cfg.prefill_prob:
         return 0
-    n = len(oracle_commands(task))
-    return rng.randint(1, n - 1) if n >= 2 else 0
+    n = len(oracle_commands(task) if expert is None else expert)
+    return rng.randint(1, n) if n else 0
+
+
+def executed_commands(traj) -> list[str]:
+    """The bash commands an episode ran, in order (prefilled and sampled turns alike)."""
+    return [m["tool_call"]["arguments"]["command"] for m in traj.messages
+            if m["role"] == "assistant" and m.get("tool_call", {}).get("name") == "bash"]
+
+
+def refresh_experts(experts: dict, trajectories) -> None:
+    """experts[task name] = the commands of this batch's shortest success on that task, the paper's
+    refresh of the expert trajectory with the policy's own successes: later prefixes then come
+    from what the policy itself does. A task without a success this batch keeps its expert."""
+    best = {}
+    for t in trajectories:
+        cmds = executed_commands(t) if t.valid and t.reward > 0 else []
+        if cmds and (t.task_name not in best or len(cmds) < len(best[t.task_name])):
+            best[t.task_name] = cmds
+    experts.update(best)
 
 
 def drop_stale(trajectories, current_version, max_staleness):
@@ -825,9 +888,14 @@ def drop_stale(trajectories, current_version, max_staleness):
 
 
 def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_start=0, progress=True,
-            stats=None) -> list:
+            stats=None, experts=None) -> list:
     """G episodes per task on cfg.num_workers threads; with cfg.group_redundancy r, start G + r and
-    keep the first G that finish. Trajectories come back grouped by task, in finish order."""
+    keep the first G that finish. Trajectories come back grouped by task, in finish order.
+
+    With cfg.prefill_prob, a task's whole group starts from one anchor (draw_prefill_k) of its
+    expert trajectory, experts[task name] or the oracle: a group is one task at one anchor, so
+    its baseline compares episodes that started at the same chunk. With cfg.refresh_expert,
+    `experts` (a dict the caller keeps across steps) is then refreshed with this batch's successes."""
     from tqdm import tqdm
 
     G = group_size or cfg.group_size
@@ -837,9 +905,11 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
     with ThreadPoolExecutor(max(1, cfg.num_workers), thread_name_prefix="episode") as pool:
         futs = {}
         for gi, task in enumerate(tasks):
+            expert = (experts or {}).get(task.name)
+            k = draw_prefill_k(task, cfg, rng, expert)
             for j in range(G + cfg.group_redundancy):
-                f = pool.submit(run_episode, task, policy, env, cfg, draw_prefill_k(task, cfg, rng),
-                                group_id_start + gi, cancels[gi], rng.randrange(1 << 30))
+                f = pool.submit(run_episode, task, policy, env, cfg, k, group_id_start + gi, cancels[gi],
+                                rng.randrange(1 << 30), expert)
                 futs[f] = gi
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
         try:
@@ -860,6 +930,8 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
         finally:
             bar.close()
     out, dropped = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
+    if cfg.refresh_expert and experts is not None:
+        refresh_experts(experts, out)
     if stats is not None:
         stats["rollout/dropped_stale"] = dropped
     return out
@@ -876,6 +948,10 @@ def rollout_metrics(trajectories) -> dict:
     m["rollout/tokens_mean"] = sum(len(t.token_ids) for t in trajectories) / n
     for k in ("invalid_turns", "command_timeouts", "text_mismatch", "token_mismatch"):
         m[f"rollout/{k}"] = sum(t.metrics.get(k, 0) for t in trajectories)
+    m["rollout/tampered"] = sum(bool(t.grade.get("tampered")) for t in trajectories)  # graded 0: see env.Terminal.grade
+    for key in sorted({k for t in valid for k in t.grade.get("rewards") or {}}):  # Harbor reward.json keys
+        vals = [t.grade["rewards"][key] for t in valid if key in (t.grade.get("rewards") or {})]
+        m[f"rollout/reward_{key}_mean"] = sum(vals) / len(vals)
     return m
 
 
@@ -932,7 +1008,8 @@ def write_jsonl(trajectories, path, tokens=False):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Roll out a policy on terminal tasks and write trajectories as JSONL.")
     ap.add_argument("--model", required=True, help="model directory (HF format; its tokenizer gives the chat template)")
-    ap.add_argument("--tasks", default=None, help="task dir / dir of tasks / task list; default: 8 generated easy tasks")
+    ap.add_argument("--tasks", default=None, help="task dir / dir of tasks / task list; default: generated easy tasks")
+    ap.add_argument("--easy", type=int, default=8, help="how many generated easy tasks, without --tasks")
     ap.add_argument("--engine", choices=["vllm", "hf", "oracle", "garbage"], default="vllm")
     ap.add_argument("--group-size", type=int, default=2)
     ap.add_argument("--workers", type=int, default=4)
@@ -942,7 +1019,8 @@ def main(argv=None):
     ap.add_argument("--out", default="rollouts.jsonl")
     a = ap.parse_args(argv)
     from transformers import AutoTokenizer
-    from env import Env, generate_easy_tasks, load_tasks
+    from env import Env
+    from tasks import generate_easy_tasks, load_tasks
 
     tok = AutoTokenizer.from_pretrained(a.model)
     if a.engine == "vllm":
@@ -951,7 +1029,7 @@ def main(argv=None):
         engine = HFEngine(a.model)
     else:
         engine = ScriptedEngine(tok, mode=a.engine)
-    tasks = load_tasks(a.tasks) if a.tasks else generate_easy_tasks(8)
+    tasks = load_tasks(a.tasks) if a.tasks else generate_easy_tasks(a.easy)
     cfg = RolloutConfig(max_turns=a.max_turns, max_tokens_per_turn=a.max_tokens_per_turn,
                         max_context=a.max_context, num_workers=a.workers)
     with Env() as env, Policy(engine, tok) as policy:

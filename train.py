@@ -33,7 +33,8 @@ import yaml
 
 import distributed
 from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, rollout_cfg
-from rundir import RunLog, latest_checkpoint, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
+import rundir
+from rundir import RunLog, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
 
 # vLLM runs in this process (weights are shared with the trainer through update_weights).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -136,25 +137,62 @@ def pick_device(cfg: Config) -> str:
 
 
 def check_model_path(cfg: Config):
+    """A local model directory, or a hub id (org/name) that is cached or reachable: said at once,
+    with what to do, instead of transformers' OSError after its retries (test_rundir.py)."""
     if cfg.model.build_tiny:
         return
-    p = Path(cfg.model.path)
-    hub_id = not p.exists() and cfg.model.path.count("/") == 1 and not cfg.model.path.startswith((".", "/"))
-    if not hub_id and not (p / "config.json").exists():
-        raise SystemExit(f"model.path {cfg.model.path!r} is not a model directory (no config.json). Point "
-                         f"model.path at a Hugging Face model directory or a hub id (org/name), or set "
-                         f"model.build_tiny: true to build the tiny CPU model there.")
+    path = cfg.model.path
+    p = Path(path).expanduser()
+    if (p / "config.json").exists():
+        return
+    hint = ("Point model.path at a local Hugging Face model directory, or a hub id (org/name), or set "
+            "model.build_tiny: true to build the tiny CPU model there.")
+    if p.exists() or path.count("/") != 1 or path.startswith((".", "/", "~")):
+        raise SystemExit(f"model.path {path!r}: " + (f"{p} is not a model directory (no config.json). " if p.exists()
+                         else f"{p.resolve()} does not exist. ") + hint)
+    problem = _hub_model_problem(path)
+    if problem:
+        raise SystemExit(f"model.path {path!r} is not a local directory ({p.resolve()} does not exist), and as a "
+                         f"Hugging Face hub id: {problem}. Point model.path at a local model directory; or, on a "
+                         f"machine with network, `huggingface-cli download {path}` and copy its cache here, then "
+                         f"set HF_HUB_OFFLINE=1 so nothing is looked up online.")
 
 
-def load_model(cfg: Config, device: str, resume: Path | None = None):
-    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming."""
+def _hub_model_problem(repo_id: str) -> str | None:
+    """Why `repo_id` cannot be loaded from the Hugging Face cache or the hub, or None."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return f"HF_HUB_OFFLINE is set and it is not in the cache ({constants.HF_HUB_CACHE})"
+    try:
+        HfApi().model_info(repo_id, timeout=10)  # one short try: no network means seconds, not a minute
+    except Exception as e:  # noqa: BLE001 -- connection, DNS, 401/404: all mean "cannot get it"
+        return f"not in the cache ({constants.HF_HUB_CACHE}) and the hub did not answer for it ({type(e).__name__}: {e})"
+    return None
+
+
+def compute_dtype(cfg: Config, device: str):
+    """The dtype the trainer computes in (model.dtype; auto = bf16 on GPU, fp32 on CPU)."""
+    import torch
+    return {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
+            "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+
+
+def load_model(cfg: Config, device: str, resume: Path | None = None, frozen: bool = False):
+    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming.
+
+    Full fine-tuning keeps fp32 master weights (and so fp32 AdamW state) and computes in
+    compute_dtype: a bf16 weight rounds away any update below 2^-8 of itself, which at lr 1e-6 is
+    almost every update (test_gpu_path.py::test_bf16_compute_moves_every_weight_at_lr_1e_6). LoRA's
+    frozen base stays in compute_dtype, as does a `frozen` model (the KL reference); peft keeps the
+    adapter in fp32."""
     import torch
     from transformers import AutoModelForCausalLM
     m = cfg.model
-    dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
+    dtype = compute_dtype(cfg, device)
     base_path = resume / "model" if (resume and not m.lora) else m.path
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32)
     if m.lora:
         from peft import LoraConfig, PeftModel, get_peft_model
         if resume:
@@ -168,7 +206,11 @@ def load_model(cfg: Config, device: str, resume: Path | None = None):
         if m.lora:
             model.enable_input_require_grads()  # else checkpointed blocks see no input needing grad
     model.config.use_cache = False
-    return model.to(device)
+    model = model.to(device)
+    if dtype != torch.float32 and not (distributed.world_size() > 1 and cfg.train.parallel == "fsdp"):
+        # FSDP2 casts in its MixedPrecisionPolicy instead (distributed.wrap_parallel)
+        model.forward = torch.autocast(device_type=device.split(":")[0], dtype=dtype)(model.forward)
+    return model
 
 
 def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
@@ -232,6 +274,27 @@ def fill_old_logprobs(model, batch, cfg: Config, temperature: float = 1.0):
     """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
     updates on the batch (the ratios of the later ones are measured against it)."""
     batch.old_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
+
+
+def load_reference(cfg: Config, device: str):
+    """The frozen reference policy of algo's KL term (algo.kl_coef) under full fine-tuning:
+    model.path's weights, as loaded before any SFT or RL. None under LoRA, where the reference is
+    the same model with its adapter disabled (fill_ref_logprobs), at no memory cost."""
+    if cfg.model.lora:
+        return None
+    ref = load_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)),
+                     device, frozen=True)
+    return ref.eval().requires_grad_(False)
+
+
+def fill_ref_logprobs(model, ref_model, batch, cfg: Config, temperature: float = 1.0):
+    """batch.ref_logprobs = log π_ref(token): from `ref_model` (load_reference), or under LoRA from
+    `model` with its adapter disabled."""
+    if ref_model is not None:
+        batch.ref_logprobs = policy_logprobs(ref_model, batch, cfg.train.micro_batch_tokens, temperature)
+        return
+    with distributed.unwrap(model).disable_adapter():
+        batch.ref_logprobs = policy_logprobs(model, batch, cfg.train.micro_batch_tokens, temperature)
 
 
 def _pad_to(x, T: int):
@@ -355,14 +418,14 @@ def update(model, opt, sched, batch, acfg, cfg: Config, temperature: float = 1.0
 def make_engine(cfg: Config, model_path, device: str):
     import rollout
     if cfg.engine.kind == "hf":
-        import torch
-        return rollout.HFEngine(model_path, dtype=torch.float32 if device == "cpu" else torch.bfloat16, device=device)
+        return rollout.HFEngine(model_path, dtype=compute_dtype(cfg, device), device=device)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.engine.cpu_kvcache_gb))
-    dtype = "float32" if device == "cpu" else "bfloat16"  # match the trainer, so the sync gap means something
+    dtype = str(compute_dtype(cfg, device)).removeprefix("torch.")  # the trainer's, so the sync gap means something
     return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
-                              enforce_eager=cfg.engine.enforce_eager, **cfg.engine.extra)
+                              enforce_eager=cfg.engine.enforce_eager,
+                              **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 
 def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
@@ -376,7 +439,8 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
         for old in sorted((out_dir / "adapters").glob(f"rank{rank}-v*"))[:-2]:  # the engine holds the newest
             shutil.rmtree(old, ignore_errors=True)
     else:
-        params = ((n, p.full_tensor() if hasattr(p, "full_tensor") else p)
+        dtype = policy.engine.dtype  # cast one tensor at a time: the fp32 master weights stay as they are
+        params = ((n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().to(dtype))
                   for n, p in distributed.unwrap(model).named_parameters())
         policy.update_weights(params, version)
 
@@ -423,19 +487,19 @@ def evaluate_success(policy, env, tasks, rcfg, cfg: Config) -> tuple[float, list
 
 
 def load_task_sets(cfg: Config):
-    import env
+    from tasks import generate_easy_tasks, load_tasks
     d = cfg.data
     kinds = d.generated_kinds or None
     if d.train_tasks == "generated":
-        train = env.generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
+        train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
     else:
-        train = env.load_tasks(d.train_tasks)
+        train = load_tasks(d.train_tasks, strict=d.strict_tasks)
     if d.eval_tasks == "generated":
-        held = env.generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
+        held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
         seen = {t.instruction for t in train}
         held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
     elif d.eval_tasks:
-        held = env.load_tasks(d.eval_tasks)
+        held = load_tasks(d.eval_tasks, strict=d.strict_tasks)
     else:
         held = []
     if not train:
@@ -443,10 +507,12 @@ def load_task_sets(cfg: Config):
     return train, held[: cfg.eval.num_tasks]
 
 
-def make_env():
+def make_env(cfg: Config):
     import env
     try:
-        return env.Env()
+        return env.Env(**dataclasses.asdict(cfg.env))
+    except ValueError as e:  # a setting of the config's env section
+        raise SystemExit(f"config: {e}") from None
     except Exception as e:  # docker SDK errors differ by cause; the fix is the same
         raise SystemExit(f"Docker is not reachable ({type(e).__name__}: {e}). Start the daemon (dockerd or "
                          f"`systemctl start docker`) and make sure this user may use /var/run/docker.sock.")
@@ -455,14 +521,14 @@ def make_env():
 def oracle_corpus(tasks, system_prompt: str, tools, n: int = 256) -> list[str]:
     """Rendered oracle conversations of the train tasks (with `tools` in the system turn, as the
     rollout renders them): the tiny tokenizer learns merges for them."""
-    import env
     import rollout
     import tiny
+    from tasks import oracle_commands
     tok = tiny.train_tokenizer(tiny.default_corpus(), 512)  # only for the chat template
     out = []
     for t in tasks[:n]:
         msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": t.instruction}]
-        for c in env.oracle_commands(t):
+        for c in oracle_commands(t):
             msgs.append({"role": "assistant", "content": rollout.tool_call_text("bash", {"command": c})})
             msgs.append({"role": "tool", "content": "[exit code: 0]"})
         msgs.append({"role": "assistant", "content": rollout.tool_call_text("submit", {})})
@@ -552,7 +618,7 @@ def fresh_weights(model, cfg: Config, seed: int):
     model.load_state_dict(src.state_dict())
 
 
-def run(cfg: Config, resume: bool = False) -> dict:
+def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     import torch
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -568,6 +634,9 @@ def run(cfg: Config, resume: bool = False) -> dict:
         raise SystemExit("sft.restarts runs on one process; set sft.restarts=0 under torchrun")
     out = Path(cfg.out_dir)
     ckpt_root = out / "checkpoints"
+    rundir.claim_run_dir(out, resume, restart, move=rank == 0)
+    if world > 1:
+        torch.distributed.barrier()  # rank 0 has moved the old run aside before anyone writes
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -581,29 +650,31 @@ def run(cfg: Config, resume: bool = False) -> dict:
         if cfg.data.train_tasks == "generated":
             # the whole family, both splits: every word is then one token wherever it appears (" w",
             # "/w"), as in a real tokenizer; from the train tasks alone " pencil" was " pe n c i l"
-            import env
+            from tasks import generate_easy_tasks
             corpus_tasks = [t for split in ("train", "heldout")
-                            for t in env.generate_easy_tasks(512, seed=cfg.data.generated_seed, split=split)]
+                            for t in generate_easy_tasks(512, seed=cfg.data.generated_seed, split=split)]
         tiny.build_tiny_model(cfg.model.path, corpus=oracle_corpus(corpus_tasks, rcfg.system_prompt, n=len(corpus_tasks), tools=rcfg.tools),
                               **{"seed": cfg.seed, **cfg.model.tiny})
     if world > 1:
         torch.distributed.barrier()
     check_model_path(cfg)
-    ckpt = latest_checkpoint(ckpt_root) if resume else None
-    state = torch.load(ckpt / "trainer.pt", weights_only=False) if ckpt else {}
+    ckpt, state = rundir.resume_checkpoint(ckpt_root) if resume else (None, {})
+    experts = state.get("experts", {})  # task name -> expert commands, refreshed by rollout.collect (refresh_expert)
     if rank == 0:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = load_model(cfg, device, ckpt)
-    env = make_env()
+    ref_model = load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
+    env = make_env(cfg)
 
     if world > 1:
-        model = distributed.wrap_parallel(model, cfg, device)
+        model = distributed.wrap_parallel(model, cfg, device, compute_dtype(cfg, device))
     opt = sched = sft_opt = None
 
     def save(step):
-        st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
+        st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state(),
+              "experts": experts}
         if opt is not None:
             st.update(optimizer=distributed.optimizer_state(model, opt), scheduler=sched.state_dict())
         elif sft_opt is not None and cfg.sft.keep_moments:  # a resume from the SFT-only start carries them too
@@ -612,6 +683,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
             st["rank_fingerprints"] = distributed.check_in_step(model, world, step)
         full = distributed.full_state_dict(model)  # collective under FSDP: every rank takes part
         if rank == 0:
+            rundir.stop_if_non_finite(step, weights=full)
             save_checkpoint(ckpt_root, step, lambda d: save_model(model, tok, d, full), st, cfg.checkpoint.keep_last)
         if world > 1:
             torch.distributed.barrier()
@@ -651,6 +723,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
         set_rng_state(state["rng"])
     full_ckpt = ckpt is not None and not cfg.model.lora
     engine = make_engine(cfg, ckpt / "model" if full_ckpt else cfg.model.path, device)
+    if cfg.engine.kind == "vllm":
+        distributed.check_engine_placement(*engine.placement(), device)
     policy = rollout.Policy(engine, tok, version=start, template_kwargs=rcfg.chat_template_kwargs,
                             tools=rcfg.tools)
     if ckpt is not None and cfg.model.lora:
@@ -665,7 +739,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
             log.log({"phase": "eval", "step": step, "success": succ, "time/eval": time.time() - t0})
         return succ, time.time() - t0
 
-    eval_succ = None
+    eval_succ, t_ckpt = None, 0.0
     if eval_tasks and cfg.eval.at_start and not distributed.from_rank0(
             any(r.get("phase") == "eval" and r["step"] == start for r in log.records), world):
         eval_succ, _ = evaluate_now(start)
@@ -678,7 +752,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
         tasks = step_tasks(train_tasks, s, cfg.train.tasks_per_step, cfg.seed)  # logged whole; this rank's share:
         g0, t0 = policy.gen_busy_s, time.time()
         trajs = rollout.collect(tasks[rank::world], policy, env, rcfg, group_size=cfg.train.group_size,
-                                group_id_start=s * cfg.train.tasks_per_step, progress=False)
+                                group_id_start=s * cfg.train.tasks_per_step, progress=False, experts=experts)
         return s, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
 
     if cfg.train.mode == "async":
@@ -725,8 +799,11 @@ def run(cfg: Config, resume: bool = False) -> dict:
             batch = rollout.make_batch(trajs, tok.pad_token_id)
             if cfg.train.updates_per_step > 1:
                 fill_old_logprobs(model, batch, cfg, rcfg.temperature)
+            if acfg.kl_coef:
+                fill_ref_logprobs(model, ref_model, batch, cfg, rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
                 m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
+                rundir.stop_if_non_finite(step + 1, m)
         t_train = time.time() - t0
         # 5. sync weights into the engine, 6. check the engine now computes what the trainer does
         t0 = time.time()
@@ -740,10 +817,6 @@ def run(cfg: Config, resume: bool = False) -> dict:
         done = step + 1
         if eval_tasks and ((cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps):
             eval_succ, t_eval = evaluate_now(done)
-        t0 = time.time()
-        if done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
-            save(done)
-        t_ckpt = time.time() - t0
         ranks = {}
         if world > 1:  # a straggler rank sets everyone's pace
             per = distributed.gather([len(trajs), t_roll, t_train], world)
@@ -757,6 +830,12 @@ def run(cfg: Config, resume: bool = False) -> dict:
                **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()}, **ranks}
         if rank == 0:
             log.log(rec)
+        # after the step's records: the checkpoint notes the logs' sizes and a resume cuts them back
+        # to those, so a kill between the two neither loses the record nor repeats it
+        t0 = time.time()
+        if done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
+            save(done)
+        t_ckpt = time.time() - t0  # logged with the next step
         bar.set_postfix(reward=f"{reward:.2f}", success=f"{success:.0%}",
                         eval="-" if eval_succ is None else f"{eval_succ:.0%}")
     stop.set()
@@ -821,15 +900,18 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set train.lr=1e-5 (repeatable)")
     ap.add_argument("--dry-run", action="store_true", help="check config, tasks, model path, docker; do not train")
-    ap.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/latest")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in <out_dir>/checkpoints")
+    ap.add_argument("--restart", action="store_true",
+                    help="start over in an out_dir that holds a run: the old one is moved to <out_dir>.<date-time>")
     a = ap.parse_args(argv)
-    try:
-        cfg = load_config(a.config, a.set)
-    except ConfigError as e:
-        raise SystemExit(f"config error: {e}")
-    if a.dry_run:
-        raise SystemExit(dry_run(cfg))
-    run(cfg, resume=a.resume)
+    with distributed.error_said_once():
+        try:
+            cfg = load_config(a.config, a.set)
+        except ConfigError as e:
+            raise SystemExit(f"config error: {e}")
+        if a.dry_run:
+            raise SystemExit(dry_run(cfg))
+        run(cfg, resume=a.resume, restart=a.restart)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,14 @@ import torch
 
 import env as E
 import rollout as R
-from conftest import ROOT
+import tasks as T
+from conftest import ROOT, own_containers
 
 SHIPPED = ("fix-json-config", "csv-join-report")  # two shipped tasks (TB1 layout, own images)
 
-TOL = 1e-3  # |engine - transformers| log-prob, fp32 on CPU (observed ~1e-6)
+# |engine - transformers| log-prob, fp32 on CPU: observed ~1e-6; one decoder layer left stale by a
+# sync after a 1e-5 step gives ~5e-4 (test_one_stale_layer_exceeds_the_sync_tolerance)
+TOL = 5e-5
 
 
 def hf_logprobs(model, ids):
@@ -103,14 +106,17 @@ def test_make_batch_schema_and_staleness(tiny_tokenizer):
     assert dropped == 1 and [t.policy_version for t in kept] == [1, 3]
 
 
-def test_prefill_k_is_drawn_per_episode():
+def test_prefill_anchor_leaves_the_policy_at_least_the_submit_chunk():
+    """Bug: anchors ran 1..n−1 over the expert's n commands, so a one-command expert (every
+    generated task) never prefilled; its trajectory is n commands and a submit, K = n + 1 chunks."""
     import random
-    task = E.load_task(ROOT / "tasks" / SHIPPED[0])
-    n = len(E.oracle_commands(task))
+    task = T.load_task(ROOT / "tasks" / SHIPPED[0])
+    n = len(T.oracle_commands(task))
     rng = random.Random(0)
-    ks = [R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.5), rng) for _ in range(40)]
-    assert 0 in ks and set(ks) - {0} and all(0 <= k <= n - 1 for k in ks)
+    ks = [R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.5), rng) for _ in range(60)]
+    assert 0 in ks and n in ks and all(0 <= k <= n for k in ks)
     assert R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.0), rng) == 0
+    assert {R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=1.0), rng, expert=["true"]) for _ in range(5)} == {1}
 
 
 # --- engines -------------------------------------------------------------------------------
@@ -157,6 +163,32 @@ def test_full_weight_update_lands_and_prefix_cache_is_reset(vllm_engine, tiny_mo
         assert R.sync_check(policy, [prompt], [old_lp])["sync/max_abs_logprob_gap"] < TOL
 
 
+def test_one_stale_layer_exceeds_the_sync_tolerance(vllm_engine, tiny_model_dir, tiny_tokenizer, hf_model):
+    """TOL sees a sync that misses one decoder layer after one optimizer step at train.lr's default
+    (AdamW's first step moves every weight by ~lr = 1e-5), while a complete sync stays inside it.
+    Catches a TOL loose enough to pass such a half-landed sync: the old 1e-3 did (gap ~5e-4)."""
+    from transformers import AutoModelForCausalLM
+    chat = R.ChatFormat(tiny_tokenizer)
+    prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "Copy a to b"}])
+    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p).sign() * 1e-5)
+    new_lp = hf_logprobs(new, prompt)
+    last = f"model.layers.{new.config.num_hidden_layers - 1}."
+    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+        try:
+            policy.update_weights(((n, p) for n, p in new.named_parameters() if not n.startswith(last)), 1)
+            stale = R.sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"]
+            policy.update_weights(new.named_parameters(), 2)
+            synced = R.sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"]
+        finally:  # the engine is shared by the whole session: put the original weights back
+            policy.update_weights(hf_model.named_parameters(), version=0)
+    print(f"sync gap: complete {synced:.2e}, {last}* stale {stale:.2e}, TOL {TOL:g}")
+    assert synced < TOL and stale > 3 * TOL, (synced, stale)
+
+
 def test_lora_hot_swap_lands(vllm_engine, tiny_tokenizer, hf_model, tmp_path):
     from peft import LoraConfig, get_peft_model
     chat = R.ChatFormat(tiny_tokenizer)
@@ -195,9 +227,19 @@ def test_hf_engine_generates_scores_and_updates(tiny_model_dir, tiny_tokenizer, 
         assert 0 < len(c.token_ids) <= 12 and c.finish_reason in ("stop", "length")
         ref = hf_logprobs(hf_model, p + c.token_ids)[len(p):]
         assert (ref - torch.tensor(c.logprobs)).abs().max() < TOL
+    # after an update the engine computes what a model with the new weights computes (bug: an update
+    # that lands partly, e.g. misses a layer or a tied head, changes outputs without matching them)
+    import copy
+    new = copy.deepcopy(hf_model)
     with torch.no_grad():
-        eng.update_weights([(n, p * 1.5) for n, p in hf_model.named_parameters()])
+        for p in new.parameters():
+            p.mul_(1.5)
+    eng.update_weights(new.named_parameters())
+    assert R.sync_check(eng, [prompt], [hf_logprobs(new, prompt)])["sync/max_abs_logprob_gap"] < TOL
     assert R.sync_check(eng, [prompt], [hf_logprobs(hf_model, prompt)])["sync/max_abs_logprob_gap"] > 0.1
+    c = eng.generate([prompt], R.Sampling(max_tokens=12, seed=1, stop_token_ids=(chat.stop_id,)))[0]
+    ref = hf_logprobs(new, prompt + c.token_ids)[len(prompt):]
+    assert (ref - torch.tensor(c.logprobs)).abs().max() < TOL
 
 
 # --- episodes against real containers --------------------------------------------------------
@@ -207,7 +249,7 @@ def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, do
     with R.Policy(vllm_engine, tiny_tokenizer) as policy:
         trajs = R.collect(easy_tasks[:1], policy, docker_env, cfg, progress=False)
         # sampled turns after expert-prefilled ones, in one trajectory
-        shipped = E.load_task(ROOT / "tasks" / SHIPPED[0])
+        shipped = T.load_task(ROOT / "tasks" / SHIPPED[0])
         pre = R.run_episode(shipped, policy, docker_env, cfg, prefill_k=2)
     assert len(trajs) == 2 and all(t.valid and t.finish_reason in R.FINISH_REASONS for t in trajs)
     assert pre.valid and pre.num_turns == 3 and set(pre.chunk_ids[i] for i, m in enumerate(pre.loss_mask) if m) == {2}
@@ -224,12 +266,12 @@ def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, do
 
 
 def test_oracle_solves_shipped_and_generated_tasks(tiny_tokenizer, docker_env, easy_tasks):
-    tasks = [E.load_task(ROOT / "tasks" / n) for n in SHIPPED] + easy_tasks[:3]
+    tasks = [T.load_task(ROOT / "tasks" / n) for n in SHIPPED] + easy_tasks[:3]
     cfg = R.RolloutConfig(max_turns=20, max_tokens_per_turn=2048, max_context=4096, num_workers=4, group_size=1)
     with R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
         trajs = R.collect(tasks, policy, docker_env, cfg, progress=False)
         # expert-prefilled start: the first k oracle turns are executed and marked for imitation
-        two_step = next(t for t in tasks if len(E.oracle_commands(t)) >= 2)
+        two_step = next(t for t in tasks if len(T.oracle_commands(t)) >= 2)
         pre = R.run_episode(two_step, policy, docker_env, cfg, prefill_k=1)
     assert sorted(t.task_name for t in trajs) == sorted(t.name for t in tasks)
     for t in trajs + [pre]:
@@ -307,3 +349,53 @@ def test_eight_concurrent_episodes_with_one_env_failure(tiny_tokenizer, docker_e
     assert rows[row]["reward"] is None and rows[row]["finish_reason"] == "env_error"
     m = R.rollout_metrics(trajs)
     assert m["rollout/valid_frac"] == 7 / 8 and m["rollout/finish_submitted"] == 7 / 8
+
+
+def test_collect_leaves_no_container_behind(tiny_tokenizer, easy_tasks):
+    """After rollout.collect returns, no episode's container is left running, whatever way the episode
+    ended: submitted, setup failure (env_error), or cancelled as a redundant member of a finished
+    group (group_redundancy). Catches an episode path that skips Terminal.close: in a long run
+    every such leak holds memory and a PID budget until the machine stops starting containers.
+    Own Env without a warm pool, tasks with their own memory limit: only this test's containers count."""
+    mem = 321
+    tasks = [dataclasses.replace(t, memory_mb=mem) for t in easy_tasks[10:12]]
+    tasks.append(dataclasses.replace(tasks[0], name="broken-setup", setup="exit 3"))
+    cfg = R.RolloutConfig(max_turns=4, num_workers=6, group_size=2, group_redundancy=1)
+    with E.Env(warm=0) as env, R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
+        trajs = R.collect(tasks, policy, env, cfg, progress=False)
+        assert sorted(t.finish_reason for t in trajs) == ["env_error"] * 2 + ["submitted"] * 4
+        assert own_containers(env.client, mem) == []
+
+
+def test_each_anchor_is_its_own_group_and_the_expert_is_refreshed(tiny_tokenizer, docker_env, easy_tasks):
+    """Bugs: prefilled and from-scratch episodes of a task shared one group, so the group baseline
+    compared runs that started at different chunks; and the expert trajectory was always the oracle,
+    never refreshed with the policy's own successes (the paper's §3.2.4.4)."""
+    tasks = easy_tasks[:4]
+    cfg = R.RolloutConfig(max_turns=4, max_tokens_per_turn=256, max_context=4096, num_workers=4,
+                          prefill_prob=0.5, seed=3)
+    with R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
+        trajs = R.collect(tasks, policy, docker_env, cfg, group_size=3, progress=False)
+    anchors = {}
+    for t in trajs:
+        anchors.setdefault(t.group_id, set()).add(t.prefill_k)
+    assert all(len(ks) == 1 for ks in anchors.values()), anchors   # one anchor per group
+    assert {k for ks in anchors.values() for k in ks} == {0, 1}    # both kinds in the batch
+
+    # a policy that solves each task its own way (an extra command first) replaces the oracle expert
+    experts = {}
+    refresh = dataclasses.replace(cfg, prefill_prob=0.0, refresh_expert=True)
+    for task in tasks[:2]:
+        own = ["cd /app", *T.oracle_commands(task)]
+        with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=own) as policy:
+            R.collect([task], policy, docker_env, refresh, group_size=1, progress=False, experts=experts)
+        assert experts[task.name] == own
+    with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=["false"]) as policy:   # failures change nothing
+        R.collect(tasks[:1], policy, docker_env, refresh, group_size=1, progress=False, experts=experts)
+    assert experts[tasks[0].name][0] == "cd /app" and tasks[2].name not in experts
+    # a prefilled episode now replays the policy's own success, not the oracle
+    with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=["cd /app", "true"]) as policy:
+        pre = R.collect(tasks[:1], policy, docker_env, dataclasses.replace(cfg, prefill_prob=1.0),
+                        group_size=1, progress=False, experts=experts)[0]
+    assert pre.prefill_k >= 1 and pre.messages[2]["tool_call"]["arguments"]["command"] == "cd /app"
+    assert pre.messages[2].get("prefilled") and pre.reward == (1.0 if pre.prefill_k == 2 else 0.0)
