@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 import env as E
 from conftest import ROOT
