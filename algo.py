@@ -11,8 +11,8 @@ by side. One batch schema (`Batch`, built by rollout.py), one config (`AlgoConfi
 Conventions
 - Every [B,T] tensor is right-padded; `lp[b,t] = log π(input_ids[b,t] | input_ids[b,:t])`,
   position 0 is 0 (see `token_logprobs`).
-- A trajectory's *sign* is the sign of its advantage (with baseline "none": its reward). IPA's
-  TOPR split and the long-negative mask use it: "positive" means advantage > 0.
+- IPA's T+ / T− split (Eq. 5, 9) and the long-negative mask: T+ = rows with R > 0, as the paper
+  (`split_on: advantage` splits on the advantage's sign instead).
 - Losses are built per token, then reduced once by `aggregate`. Masks never change shapes:
   a token that must not train gets weight 0 and leaves the denominator.
 
@@ -47,7 +47,10 @@ BASELINES = ("grpo", "rloo", "batch", "none")
 MISMATCH_MODES = ("none", "token_tis", "token_mask", "chunk_mask")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_norm")
 IMITATION_WEIGHTS = ("discount", "return")
-MAX_LOG_RATIO = 20.0  # clamp log-ratios so exp() never overflows into inf·0 = NaN gradients
+SPLITS = ("reward", "advantage")
+MAX_LOG_RATIO = 20.0  # clamp a log-ratio right before exp() so it never overflows into inf·0 = NaN
+#                       gradients; never before a chunk's or sequence's mean (tests/test_algo.py::
+#                       test_one_extreme_token_masks_its_chunk, ::test_chunk_ratio_is_the_unclamped_geometric_mean)
 
 
 # --------------------------------------------------------------------------------------------
@@ -72,6 +75,8 @@ class Batch:
       old_logprobs    FloatTensor | None  log π_old(token), the trainer's policy at rollout time;
                                    train.py fills it before the update. None means "on-policy":
                                    policy_loss then uses the current log-probs, detached.
+      ref_logprobs    FloatTensor | None  log π_ref(token), the reference policy's, for the KL term
+                                   (algo.kl_coef); train.py fills it (fill_ref_logprobs).
     Per trajectory [B]:
       num_chunks      LongTensor   K, the number of assistant turns (sampled + prefilled).
       reward          FloatTensor  final reward R; NaN for an infrastructure failure.
@@ -97,6 +102,7 @@ class Batch:
     policy_version: torch.Tensor
     finish_reason: list = field(default_factory=list)
     old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
     unparsed: torch.Tensor | None = None
 
     def __len__(self) -> int:
@@ -114,7 +120,7 @@ class Batch:
         if B is None:
             raise ValueError(f"Batch.input_ids must be [B,T], got shape {tuple(self.input_ids.shape)}")
         per_token = ["attention_mask", "loss_mask", "imitation_mask", "chunk_ids", "infer_logprobs"]
-        per_token += [n for n in ("old_logprobs", "unparsed") if getattr(self, n) is not None]
+        per_token += [n for n in ("old_logprobs", "ref_logprobs", "unparsed") if getattr(self, n) is not None]
         for name in per_token:
             shape = tuple(getattr(self, name).shape)
             if shape != (B, T):
@@ -146,10 +152,22 @@ class Batch:
 class AlgoConfig:
     """Every knob of the math, with its default. train.py reads it from the YAML key `algo:`.
 
-    Defaults follow the paper's IPA recipe where it is published (REINFORCE without critic, KL or
-    entropy; chunk-level mismatch masking with H = 5; γ = 0.95 as in a public ROLL IPA config;
-    ROLL's sequence-mean-token-mean aggregation). Where the paper is silent the choice is ours
-    and says so.
+    Defaults follow the paper's IPA recipe where it is published: REINFORCE without critic, KL or
+    entropy (Eq. 9); T+/T− split on the reward (Eq. 5); one-sided chunk-level mismatch masking
+    m_c = 1[geo-mean π_old/μ ≤ H] with H = 5 (Eq. 6, chunk form); γ = 0.95 as in a public ROLL
+    IPA config; ROLL's sequence-mean-token-mean aggregation. Where the paper is silent, or where
+    we offer a choice beside it, the choice is named and the reason given:
+      negative_reward = -1   the paper does not say how failures get a non-zero value, without
+                             which Eq. 9's T− term vanishes; -1 is one choice, a baseline another.
+      baseline               the paper's G_k uses R_final (baseline "none"); "grpo" / "rloo" /
+                             "batch" are offered because the T− term needs a value and because a
+                             group baseline lowers variance on tasks that always/never pass.
+      mismatch_floor = None  two-sided masks [1/H, H]: also drop tokens the engine sampled that
+                             the trainer finds very unlikely (their T− gradient is the largest).
+      split_on = advantage   T+ = positive advantage: with graded rewards a success below its
+                             group's mean then gets the importance weight of a T− row.
+      mismatch = token_tis   truncated IS (weight min(π_old/μ, H)) instead of a mask, as GRPO
+                             recipes use it.
     """
     loss: str = "ipa"              # "ppo" token PPO-clip (GRPO/DAPO) | "gspo" | "ipa" (Eq. 9)
     baseline: str = "none"         # "grpo" group mean | "rloo" leave-one-out | "batch" | "none"
@@ -166,11 +184,13 @@ class AlgoConfig:
     mismatch: str = "chunk_mask"   # train–inference mismatch: "none" | "token_tis" (weight
     #                                min(π_old/μ, H)) | "token_mask" (Eq. 6) | "chunk_mask" (IPA)
     mismatch_cap: float = 5.0      # H
-    mismatch_floor: float | None = None  # masks keep ratios in [floor, H]; None = 1/H;
-    #                                      0 = one-sided as Eq. 6 is written
+    mismatch_floor: float | None = 0.0  # masks keep ratios in [floor, H]: 0 = one-sided, as Eq. 6
+    #                                     is written (the paper); None = 1/H, two-sided (ours)
+    split_on: str = "reward"       # IPA's T+/T− (Eq. 5, 9) and the long-negative mask: "reward" R > 0
+    #                                (the paper) | "advantage" its sign (differs for graded rewards)
     agg: str = "seq_mean_token_mean"  # "token_mean" | "seq_mean_token_mean" (ROLL default) |
     #                                   "seq_sum_norm" (Dr.GRPO: token sum / norm_length per seq)
-    norm_length: int | None = None # seq_sum_norm's constant; None = the batch's padded length T
+    norm_length: int | None = None # seq_sum_norm's constant, e.g. rollout.max_context; required there
     rl_coef: float = 1.0           # λ_RL (Eq. 10)
     imitation_coef: float = 1.0    # λ_IL (Eq. 10) on imitation_mask tokens
     imitation_weight: str = "discount"  # NLL weight on prefilled chunk k: "discount" = γ^(K-1-k)
@@ -189,7 +209,8 @@ class AlgoConfig:
 
     def __post_init__(self):
         for name, allowed in [("loss", LOSSES), ("baseline", BASELINES), ("mismatch", MISMATCH_MODES),
-                              ("agg", AGGREGATIONS), ("imitation_weight", IMITATION_WEIGHTS)]:
+                              ("agg", AGGREGATIONS), ("imitation_weight", IMITATION_WEIGHTS),
+                              ("split_on", SPLITS)]:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"algo.{name} = {getattr(self, name)!r}; choose one of {allowed}")
         if not 0.0 < self.gamma <= 1.0:
@@ -209,6 +230,9 @@ class AlgoConfig:
             raise ValueError(f"algo.max_filtered_share = {self.max_filtered_share}; use a value in [0, 1]")
         if self.norm_length is not None and self.norm_length < 1:
             raise ValueError(f"algo.norm_length = {self.norm_length}; use a positive token count or null")
+        if self.agg == "seq_sum_norm" and self.norm_length is None:
+            raise ValueError("algo.agg = 'seq_sum_norm' (Dr.GRPO) divides by a constant: set algo.norm_length, "
+                             "e.g. to rollout.max_context (a batch's padded length would change with its rows)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,12 +321,14 @@ def baseline_advantages(r, valid, group_id, baseline, std_normalize=False, eps=1
     return torch.where(valid, a, torch.zeros_like(a))
 
 
-def chunk_discount(chunk_ids, num_chunks, gamma):
+def chunk_discount(chunk_ids, num_chunks, gamma, dtype=torch.float32):
     """γ^(K−1−k) for every token of chunk k of a K-chunk trajectory (Eq. 7's Δ(k) = K−1−k); 0 off
-    chunks."""
-    steps = (num_chunks[:, None] - 1 - chunk_ids).clamp(min=0).float()
-    return torch.where(chunk_ids >= 0, torch.pow(torch.full_like(steps, gamma), steps),
-                       torch.zeros_like(steps))
+    chunks. The powers are Python's, rounded once to `dtype` (torch.pow is 1 ulp off on some
+    exponents): exact in float64 (tests/test_algo.py::test_chunk_returns_are_exact_in_the_rewards_float64)."""
+    steps = (num_chunks[:, None] - 1 - chunk_ids).clamp(min=0)
+    n = int(steps.max()) + 1 if steps.numel() else 1
+    powers = torch.tensor([gamma ** d for d in range(n)], dtype=torch.float64).to(dtype=dtype, device=steps.device)
+    return torch.where(chunk_ids >= 0, powers[steps], torch.zeros((), dtype=dtype, device=steps.device))
 
 
 def compute_advantages(batch: Batch, cfg: AlgoConfig):
@@ -314,7 +340,7 @@ def compute_advantages(batch: Batch, cfg: AlgoConfig):
     batch.validate()
     r = shaped_rewards(batch.reward, batch.valid, cfg.negative_reward)
     a = baseline_advantages(r, batch.valid, batch.group_id, cfg.baseline, cfg.std_normalize, cfg.std_eps)
-    adv = chunk_discount(batch.chunk_ids, batch.num_chunks, cfg.gamma) * a[:, None]
+    adv = chunk_discount(batch.chunk_ids, batch.num_chunks, cfg.gamma, a.dtype) * a[:, None]
     if batch.unparsed is not None and not cfg.credit_unparsed:
         adv = torch.where(batch.unparsed & (adv > 0), torch.zeros_like(adv), adv)
     return adv
@@ -327,6 +353,15 @@ def compute_advantages(batch: Batch, cfg: AlgoConfig):
 def trajectory_sign(advantages):
     """+1 / 0 / −1 per row: the sign its (same-signed, discounted) chunk returns share."""
     return torch.sign(advantages.sum(dim=-1))
+
+
+def positive_trajectories(batch: Batch, advantages, split_on):
+    """[B] bool: IPA's T+ (Eq. 5, 9): valid rows with R > 0 ("reward", the paper) or with a
+    positive advantage ("advantage"). The two differ only where a success can sit below its
+    baseline (graded rewards). T− is every other row."""
+    if split_on == "reward":
+        return batch.valid & (torch.nan_to_num(batch.reward, nan=0.0) > 0)
+    return trajectory_sign(advantages) > 0
 
 
 def zero_variance_filter(r, valid, group_id, max_share):
@@ -391,7 +426,7 @@ def keep_rows(batch: Batch, advantages, cfg: AlgoConfig):
             zero_variance_filter(r, batch.valid, batch.group_id, cfg.max_filtered_share)
         keep &= kz
     if cfg.max_negative_tokens is not None:
-        long_neg = ((trajectory_sign(advantages) < 0)
+        long_neg = (~positive_trajectories(batch, advantages, cfg.split_on)
                     & (batch.attention_mask.sum(-1) > cfg.max_negative_tokens))
         metrics["long_negative_frac"] = float((long_neg & batch.valid).float().mean())
         keep &= ~long_neg
@@ -423,7 +458,7 @@ def mismatch_correction(log_r, mask, chunk_ids, mode, cap, floor=None):
     if mode == "none":
         return ones, ones
     if mode == "token_tis":
-        return ones, torch.exp(log_r).clamp(max=cap)
+        return ones, _exp(log_r).clamp(max=cap)
     if mode == "chunk_mask":
         log_r = chunk_mean(log_r, chunk_ids, mask)
     lo = math.log(floor) if floor > 0 else -math.inf
@@ -452,7 +487,7 @@ def train_masks(batch: Batch, advantages, cfg: AlgoConfig, old_logprobs, keep=No
     n_chunks = (chunk_tok > 0).sum()
     metrics.update({
         "logprob_gap_abs": _ratio(log_r.abs().sum(), n_sampled),
-        "logprob_gap_kl": _ratio((torch.exp(log_r) - 1 - log_r).sum(), n_sampled),  # k3 of KL(μ‖π_old)
+        "logprob_gap_kl": _ratio((_exp(log_r) - 1 - log_r).sum(), n_sampled),  # k3 of KL(μ‖π_old)
         "mismatch_token_frac": _ratio((sampled * (1 - mm_keep)).sum(), n_sampled),
         "mismatch_chunk_frac": _ratio(((chunk_tok > 0) & (chunk_kept == 0)).sum(), n_chunks),
         "masked_token_frac": _ratio((sampled - rl).sum(), n_sampled),
@@ -460,7 +495,7 @@ def train_masks(batch: Batch, advantages, cfg: AlgoConfig, old_logprobs, keep=No
     })
     if cfg.mismatch == "token_tis":
         metrics["tis_weight_mean"] = _ratio((is_weight * sampled).sum(), n_sampled)
-        over_cap = (torch.exp(log_r) > cfg.mismatch_cap).float()
+        over_cap = (log_r > math.log(cfg.mismatch_cap)).float()
         metrics["tis_clip_frac"] = _ratio((over_cap * sampled).sum(), n_sampled)
     return rl, il, is_weight, metrics
 
@@ -485,15 +520,20 @@ def clipped_surrogate(ratio, advantages, clip_low, clip_high):
 
 
 def _log_ratio(logprobs, old_logprobs, mask):
-    """log(π/π_old) on `mask`, 0 elsewhere, clamped so exp() stays finite."""
-    return torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs)).clamp(
-        -MAX_LOG_RATIO, MAX_LOG_RATIO)
+    """log(π/π_old) on `mask`, 0 elsewhere; not clamped, so chunk and sequence means see the
+    extreme tokens the mismatch masks exist for (clamp with `_exp`, after the mean)."""
+    return torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))
+
+
+def _exp(log_ratio):
+    """exp of a log-ratio clamped to ±MAX_LOG_RATIO, so it stays finite."""
+    return torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
 
 
 def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
     """Token-level PPO-clip (GRPO; DAPO's asymmetric clip-higher): r_t = π_θ(t)/π_old(t).
     Returns (loss, ratio, clipped_low, clipped_high), all [B,T]."""
-    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    ratio = _exp(_log_ratio(logprobs, old_logprobs, mask))
     loss, lo, hi = clipped_surrogate(ratio, advantages, clip_low, clip_high)
     return loss, ratio.detach(), lo, hi
 
@@ -503,19 +543,19 @@ def gspo_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
     every token as s_i,t = sg[s_i]·π_θ(t)/sg[π_θ(t)], clipped at sequence level; equals GSPO when
     a row's advantages are equal, and allows per-chunk G_k. Returns as ppo_clip_loss."""
     log_ratio = _log_ratio(logprobs, old_logprobs, mask)
-    seq = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)).detach()
+    seq = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(seq[:, None] + logprobs - logprobs.detach())
     loss, lo, hi = clipped_surrogate(ratio, advantages, clip_low, clip_high)
     return loss, ratio.detach(), lo, hi
 
 
-def ipa_chunk_loss(logprobs, old_logprobs, advantages, mask, chunk_ids):
-    """IPA chunk-level REINFORCE (Eqs. 5, 8, 9): −w_c·G_t·log π_θ(t) with w_c = 1 on positive
-    trajectories (no importance weight) and w_c = sg[clip(ρ_c, 0, 1)] on non-positive ones,
-    ρ_c = exp(mean_{t∈c} log π_θ(t)/π_old(t)) (Eq. 8). Returns (loss, ρ_c per token,
-    clipped_low (never), clipped_high = non-positive tokens whose ρ_c was cut to 1)."""
-    rho = torch.exp(chunk_mean(_log_ratio(logprobs.detach(), old_logprobs, mask), chunk_ids, mask))
-    positive = (trajectory_sign(advantages) > 0)[:, None]
+def ipa_chunk_loss(logprobs, old_logprobs, advantages, mask, chunk_ids, positive=None):
+    """IPA chunk-level REINFORCE (Eqs. 5, 8, 9): −w_c·G_t·log π_θ(t) with w_c = 1 on T+ rows
+    (`positive` [B], default: positive advantage; no importance weight) and w_c = sg[clip(ρ_c, 0, 1)]
+    on T−, ρ_c = exp(mean_{t∈c} log π_θ(t)/π_old(t)) (Eq. 8). Returns (loss, ρ_c per token,
+    clipped_low (never), clipped_high = T− tokens whose ρ_c was cut to 1)."""
+    rho = _exp(chunk_mean(_log_ratio(logprobs.detach(), old_logprobs, mask), chunk_ids, mask))
+    positive = (trajectory_sign(advantages) > 0 if positive is None else positive)[:, None]
     weight = torch.where(positive, torch.ones_like(rho), rho.clamp(max=1.0))
     loss = -weight * advantages * logprobs
     return loss, rho, torch.zeros_like(rho, dtype=torch.bool), ~positive & (rho > 1.0)
@@ -538,14 +578,18 @@ def k3_kl(logprobs, ref_logprobs):
 
 def aggregation_denominator(mask, agg, norm_length=None):
     """The one number `aggregate` divides by: trained tokens ("token_mean"), sequences with a
-    trained token ("seq_mean_token_mean"), or those sequences × norm_length (default: padded T)
-    ("seq_sum_norm"). At least 1, so an all-masked batch gives 0, not NaN."""
+    trained token ("seq_mean_token_mean"), or those sequences × the constant norm_length
+    ("seq_sum_norm"; never the padded length, which rows without a trained token would change:
+    tests/test_algo.py::test_dr_grpo_constant_leaves_valid_rows_unchanged_by_a_padded_invalid_row).
+    At least 1, so an all-masked batch gives 0, not NaN."""
     if agg == "token_mean":
         return max(float(mask.sum()), 1.0)
     n_seq = max(float((mask.sum(-1) > 0).sum()), 1.0)
     if agg == "seq_mean_token_mean":
         return n_seq
-    return n_seq * float(norm_length or mask.shape[-1])
+    if norm_length is None:
+        raise ValueError("aggregation 'seq_sum_norm' needs norm_length (algo.norm_length), a constant")
+    return n_seq * float(norm_length)
 
 
 def aggregate(loss, mask, agg, denominator, row_tokens=None):
@@ -595,8 +639,10 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
         if t is not None and tuple(t.shape) != tuple(batch.input_ids.shape):
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [B,T] = "
                              f"{tuple(batch.input_ids.shape)}")
+    ref_logprobs = batch.ref_logprobs if ref_logprobs is None else ref_logprobs
     if cfg.kl_coef and ref_logprobs is None:
-        raise ValueError("algo.kl_coef > 0 needs ref_logprobs (the reference policy's token log-probs)")
+        raise ValueError("algo.kl_coef > 0 needs ref_logprobs (the reference policy's token log-probs), "
+                         "as an argument or in batch.ref_logprobs")
     if cfg.entropy_coef and entropy is None:
         raise ValueError("algo.entropy_coef > 0 needs entropy: "
                          "token_logprobs(..., with_entropy=True, entropy_grad=True)")
@@ -609,7 +655,8 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     elif cfg.loss == "gspo":
         pg, ratio, lo, hi = gspo_loss(logprobs, old, advantages, rl, cfg.seq_clip_low, cfg.seq_clip_high)
     else:
-        pg, ratio, lo, hi = ipa_chunk_loss(logprobs, old, advantages, rl, batch.chunk_ids)
+        pg, ratio, lo, hi = ipa_chunk_loss(logprobs, old, advantages, rl, batch.chunk_ids,
+                                           positive_trajectories(batch, advantages, cfg.split_on))
     pg = pg * is_weight
 
     mask = rl + il
@@ -618,7 +665,7 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     metrics["imitation_loss"] = 0.0  # same keys whether or not this batch has prefilled turns
     if il.any():
         w = advantages if cfg.imitation_weight == "return" else \
-            chunk_discount(batch.chunk_ids, batch.num_chunks, cfg.gamma)
+            chunk_discount(batch.chunk_ids, batch.num_chunks, cfg.gamma, logprobs.dtype)
         parts["imitation_loss"] = (cfg.imitation_coef, imitation_loss(logprobs, w), il)
     if cfg.kl_coef:
         kl = k3_kl(logprobs, ref_logprobs)

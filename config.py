@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from tasks import EASY_KINDS
+
 
 class ConfigError(ValueError):
     """A config file or --set override is wrong; the message says which key and how to fix it."""
@@ -46,7 +48,7 @@ class EngineConfig:
 
 @dataclass
 class DataConfig:
-    train_tasks: str = "generated"         # "generated" (env.generate_easy_tasks) or a task dir / list file
+    train_tasks: str = "generated"         # "generated" (tasks.generate_easy_tasks) or a task dir / list file
     eval_tasks: str = "generated"          # same, drawn with eval_split / eval_seed
     num_generated_train: int = 64
     num_generated_eval: int = 32
@@ -54,7 +56,7 @@ class DataConfig:
     eval_split: str = "heldout"            # generated eval tasks: "heldout" = unseen names and words;
     #                                        "train" = the train vocabulary in new combinations (eval_seed)
     eval_seed: int = 0
-    generated_kinds: list = field(default_factory=list)  # env.EASY_KINDS to generate (train and eval); [] = all
+    generated_kinds: list = field(default_factory=list)  # tasks.EASY_KINDS to generate (train and eval); [] = all
 
 
 @dataclass
@@ -105,7 +107,7 @@ class EvalConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 5                         # RL steps between checkpoints (and always at the end)
-    keep_last: int = 3
+    keep_last: int = 3                     # checkpoints kept besides step 0 (the SFT-only start, always kept)
 
 
 @dataclass
@@ -257,8 +259,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16"))]:
         if val not in allowed:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
-    if cfg.data.generated_kinds:  # env (and its docker import) only when there is something to check
-        from env import EASY_KINDS
+    if cfg.data.generated_kinds:
         if bad := [k for k in cfg.data.generated_kinds if k not in EASY_KINDS]:
             raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad}; choose from {EASY_KINDS}")
     if cfg.train.group_size < 1 or cfg.train.tasks_per_step < 1:

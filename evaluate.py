@@ -711,13 +711,13 @@ def sampling_settings(rcfg, model: dict, tasks_spec) -> dict:
 
 def cmd_run(args):
     import config
-    import env
     import train  # its task sets; imported here so train.py may import this module
+    from tasks import load_tasks
 
     cfg = config.load_config(args.config, args.set)
     rcfg = config.rollout_cfg(cfg)
     # no --tasks: the config's held-out set, exactly as train.py's periodic eval draws it
-    tasks = env.load_tasks(args.tasks) if args.tasks else train.load_task_sets(cfg)[1]
+    tasks = load_tasks(args.tasks) if args.tasks else train.load_task_sets(cfg)[1]
     policy, model = build_policy(cfg, rcfg, args.model, args.policy)
     settings = sampling_settings(rcfg, model, args.tasks or f"{cfg.data.eval_tasks} "
                                  f"(config data.eval_tasks)")
@@ -739,7 +739,7 @@ def cmd_curate(args):
     out = curate(json.loads(path.read_text()), args.min_pass, args.max_pass)
     dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # env.load_tasks resolves relative entries against the list's folder
+    # tasks.load_tasks resolves relative entries against the list's folder
     out["tasks"] = [os.path.relpath(Path(p).resolve(), dest.parent.resolve()) for p in out["tasks"]]
     dest.write_text(json.dumps(out, indent=1) + "\n")
     n = out["counts"]

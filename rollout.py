@@ -38,7 +38,8 @@ from typing import Iterable
 import torch
 
 from algo import Batch
-from env import InfraError, oracle_commands
+from env import InfraError
+from tasks import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
                   "env_error", "episode_timeout", "invalid_tool_calls")
@@ -102,7 +103,8 @@ class RolloutConfig:
     group_redundancy: int = 0           # start G + r, keep the first G that finish
     num_workers: int = 8                # episode threads
     max_staleness: int | None = None    # drop samples older than this many policy versions
-    prefill_prob: float = 0.0           # share of episodes that start from an oracle prefix
+    prefill_prob: float = 0.0           # share of groups that start from an expert prefix (one anchor each)
+    refresh_expert: bool = False        # a task's expert becomes the policy's latest shortest success on it
     system_prompt: str = SYSTEM_PROMPT
     chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {"enable_thinking": False}
     # The tool schemas in the system turn (the template's <tools> block). A model trained from
@@ -673,8 +675,10 @@ def _check_tokens(chat, traj, gen_prompt):
         traj.metrics["token_mismatch"] += 1
 
 
-def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, cancel=None, seed=None):
-    """Play one episode of task; returns a Trajectory (None if `cancel` was set before it finished)."""
+def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, cancel=None, seed=None,
+                expert=None):
+    """Play one episode of task, its first `prefill_k` turns replayed from `expert` (commands;
+    default the oracle's); returns a Trajectory (None if `cancel` was set before it finished)."""
     chat = policy.chat
     t_start = time.monotonic()
     traj = Trajectory(task_name=task.name, group_id=group_id, policy_version=policy.version, prefill_k=prefill_k)
@@ -685,7 +689,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
     traj.prompt_len = len(traj.token_ids)
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_tokens_per_turn, seed,
                         stop_token_ids=(chat.stop_id,))
-    expert = oracle_commands(task)[:prefill_k] if prefill_k else []
+    expert = (oracle_commands(task) if expert is None else expert)[:prefill_k] if prefill_k else []
     deadline = t_start + (cfg.episode_timeout_s or task.agent_timeout_s)
     term, finish, versions = None, None, []
     if cancel is not None and cancel.is_set():  # the group is already complete
@@ -709,7 +713,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
             if budget <= 0:
                 finish = "context_overflow"
                 break
-            # one assistant turn = one chunk: prefilled from the oracle, or sampled
+            # one assistant turn = one chunk: prefilled from the expert, or sampled
             if turn < len(expert):
                 ids = chat.expert_ids(expert[turn])
                 if len(ids) > room:  # the per-turn cap is for sampling; an expert turn only needs room
@@ -805,12 +809,33 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
 # Many episodes: groups, redundancy, prefill, staleness
 # --------------------------------------------------------------------------------------------
 
-def draw_prefill_k(task, cfg, rng) -> int:
-    """k oracle turns to start from (the paper's chunk-level initialised resampling), 0 = from scratch."""
+def draw_prefill_k(task, cfg, rng, expert=None) -> int:
+    """Anchor k: the number of expert turns to replay before the policy samples (the paper's
+    chunk-level initialised resampling, §3.2.4.4), 0 = from scratch. The expert trajectory
+    (`expert` commands, default the oracle's) is its n commands and a submit, K = n + 1 chunks;
+    k is uniform on 1..n, so the policy samples at least the last chunk."""
     if cfg.prefill_prob <= 0 or rng.random() >= cfg.prefill_prob:
         return 0
-    n = len(oracle_commands(task))
-    return rng.randint(1, n - 1) if n >= 2 else 0
+    n = len(oracle_commands(task) if expert is None else expert)
+    return rng.randint(1, n) if n else 0
+
+
+def executed_commands(traj) -> list[str]:
+    """The bash commands an episode ran, in order (prefilled and sampled turns alike)."""
+    return [m["tool_call"]["arguments"]["command"] for m in traj.messages
+            if m["role"] == "assistant" and m.get("tool_call", {}).get("name") == "bash"]
+
+
+def refresh_experts(experts: dict, trajectories) -> None:
+    """experts[task name] = the commands of this batch's shortest success on that task, the paper's
+    refresh of the expert trajectory with the policy's own successes: later prefixes then come
+    from what the policy itself does. A task without a success this batch keeps its expert."""
+    best = {}
+    for t in trajectories:
+        cmds = executed_commands(t) if t.valid and t.reward > 0 else []
+        if cmds and (t.task_name not in best or len(cmds) < len(best[t.task_name])):
+            best[t.task_name] = cmds
+    experts.update(best)
 
 
 def drop_stale(trajectories, current_version, max_staleness):
@@ -822,9 +847,14 @@ def drop_stale(trajectories, current_version, max_staleness):
 
 
 def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_start=0, progress=True,
-            stats=None) -> list:
+            stats=None, experts=None) -> list:
     """G episodes per task on cfg.num_workers threads; with cfg.group_redundancy r, start G + r and
-    keep the first G that finish. Trajectories come back grouped by task, in finish order."""
+    keep the first G that finish. Trajectories come back grouped by task, in finish order.
+
+    With cfg.prefill_prob, a task's whole group starts from one anchor (draw_prefill_k) of its
+    expert trajectory, experts[task name] or the oracle: a group is one task at one anchor, so
+    its baseline compares episodes that started at the same chunk. With cfg.refresh_expert,
+    `experts` (a dict the caller keeps across steps) is then refreshed with this batch's successes."""
     from tqdm import tqdm
 
     G = group_size or cfg.group_size
@@ -834,9 +864,11 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
     with ThreadPoolExecutor(max(1, cfg.num_workers), thread_name_prefix="episode") as pool:
         futs = {}
         for gi, task in enumerate(tasks):
+            expert = (experts or {}).get(task.name)
+            k = draw_prefill_k(task, cfg, rng, expert)
             for j in range(G + cfg.group_redundancy):
-                f = pool.submit(run_episode, task, policy, env, cfg, draw_prefill_k(task, cfg, rng),
-                                group_id_start + gi, cancels[gi], rng.randrange(1 << 30))
+                f = pool.submit(run_episode, task, policy, env, cfg, k, group_id_start + gi, cancels[gi],
+                                rng.randrange(1 << 30), expert)
                 futs[f] = gi
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
         for f in as_completed(futs):
@@ -850,6 +882,8 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
                 cancels[gi].set()
         bar.close()
     out, dropped = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
+    if cfg.refresh_expert and experts is not None:
+        refresh_experts(experts, out)
     if stats is not None:
         stats["rollout/dropped_stale"] = dropped
     return out
@@ -932,7 +966,8 @@ def main(argv=None):
     ap.add_argument("--out", default="rollouts.jsonl")
     a = ap.parse_args(argv)
     from transformers import AutoTokenizer
-    from env import Env, generate_easy_tasks, load_tasks
+    from env import Env
+    from tasks import generate_easy_tasks, load_tasks
 
     tok = AutoTokenizer.from_pretrained(a.model)
     if a.engine == "vllm":

@@ -37,7 +37,7 @@ def _write_atomic(path: Path, text: str):
 
 
 def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_last: int) -> Path:
-    """Write step_<N>/ (model/ in HF format + trainer.pt) atomically, point `latest` at it, keep the last K.
+    """Write step_<N>/ (model/ in HF format + trainer.pt) atomically, point `latest` at it, keep the last K and step 0.
 
     `write_model(dir)` saves the model or adapter (plus tokenizer) loadable as is by
     transformers / peft / vLLM. A kill at any moment leaves `latest` naming a complete checkpoint.
@@ -56,8 +56,10 @@ def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_l
         shutil.rmtree(final)
     os.rename(tmp, final)
     _write_atomic(ckpt_root / "latest", final.name + "\n")
+    # step 0 (the SFT-only start, what every RL gain is measured against) stays whatever keep_last
+    # says: tests/test_train.py::test_keep_last_keeps_the_sft_only_start
     for old in sorted(ckpt_root.glob("step_*"))[:-keep_last] if keep_last > 0 else []:
-        if old != final:
+        if old != final and old.name != "step_000000":
             shutil.rmtree(old, ignore_errors=True)
     for stale in ckpt_root.glob(".tmp-step_*"):  # left by a run killed mid-save
         if not stale.name.endswith(f"-{os.getpid()}"):

@@ -286,13 +286,13 @@ def build_tiny_model(
 def oracle_corpus(tasks, system_prompt: str, tools) -> list[str]:
     """Rendered oracle conversations of `tasks` (with `tools` in the system turn, as the rollout
     renders them): the tiny tokenizer learns merges for them."""
-    import env  # with rollout (torch): only a build for a training run needs them
-    import rollout
+    import rollout  # costly (torch): only a build for a training run needs it
+    from tasks import oracle_commands
     tok = train_tokenizer(default_corpus(), 512)  # only for the chat template
     out = []
     for t in tasks:
         msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": t.instruction}]
-        for c in env.oracle_commands(t):
+        for c in oracle_commands(t):
             msgs.append({"role": "assistant", "content": rollout.tool_call_text("bash", {"command": c})})
             msgs.append({"role": "tool", "content": "[exit code: 0]"})
         msgs.append({"role": "assistant", "content": rollout.tool_call_text("submit", {})})
@@ -306,9 +306,9 @@ def build_for_tasks(out_dir, tasks, system_prompt: str, tools, generated_seed: i
     wherever it appears (" w", "/w"), as in a real tokenizer; from the train tasks alone " pencil"
     was " pe n c i l"."""
     if generated_seed is not None:
-        import env  # the generated family's tasks (no docker needed)
+        from tasks import generate_easy_tasks  # only a build for the generated family needs it
         tasks = [t for split in ("train", "heldout")
-                 for t in env.generate_easy_tasks(512, seed=generated_seed, split=split)]
+                 for t in generate_easy_tasks(512, seed=generated_seed, split=split)]
     return build_tiny_model(out_dir, corpus=oracle_corpus(tasks, system_prompt, tools), **kwargs)
 
 

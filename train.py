@@ -42,10 +42,9 @@ import sft
 import tiny
 from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, rollout_cfg
 from rundir import RunLog, latest_checkpoint, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
+from tasks import generate_easy_tasks, load_tasks
 
-# vLLM runs in this process (weights are shared with the trainer through update_weights).
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # episode threads share the tokenizer; its pool would warn at every fork
 
 
 # -----------------------------------------------------------------------------------------------
@@ -110,15 +109,15 @@ def load_task_sets(cfg: Config):
     d = cfg.data
     kinds = d.generated_kinds or None
     if d.train_tasks == "generated":
-        train = env.generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
+        train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
     else:
-        train = env.load_tasks(d.train_tasks)
+        train = load_tasks(d.train_tasks)
     if d.eval_tasks == "generated":
-        held = env.generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
+        held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
         seen = {t.instruction for t in train}
         held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
     elif d.eval_tasks:
-        held = env.load_tasks(d.eval_tasks)
+        held = load_tasks(d.eval_tasks)
     else:
         held = []
     if not train:
@@ -152,9 +151,11 @@ class Run:
     eval_tasks: list
     ckpt: Path | None      # the checkpoint the engine starts from: a resume's, or the SFT-only start
     state: dict            # a resume's trainer.pt ({} for a fresh run)
+    experts: dict          # task name -> expert commands, refreshed by rollout.collect (refresh_expert)
     log: RunLog
     tok: object
     model: object
+    ref_model: object      # π_ref of algo's KL term under full fine-tuning (learner.load_reference)
     env: env.Env
 
 
@@ -188,17 +189,19 @@ def setup(cfg: Config, resume: bool) -> Run:
     log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = learner.load_model(cfg, device, ckpt)
+    ref_model = learner.load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
     terminals = make_env()
     if world > 1:
         model = distributed.wrap_parallel(model, cfg, device)
-    return Run(cfg, device, rank, world, out, rcfg, acfg, train_tasks, eval_tasks, ckpt, state, log, tok, model,
-               terminals)
+    return Run(cfg, device, rank, world, out, rcfg, acfg, train_tasks, eval_tasks, ckpt, state,
+               state.get("experts", {}), log, tok, model, ref_model, terminals)
 
 
 def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
     """checkpoints/step_<step>: the model (HF format) and the trainer's state; every rank takes part."""
     cfg = r.cfg
-    st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state()}
+    st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state(),
+          "experts": r.experts}
     if opt is not None:
         st.update(optimizer=distributed.optimizer_state(r.model, opt), scheduler=sched.state_dict())
     elif sft_opt is not None and cfg.sft.keep_moments:  # a resume from the SFT-only start carries them too
@@ -269,7 +272,7 @@ def rollout_step(r: Run, policy, step: int):
     tasks = step_tasks(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)  # logged whole; this rank's share:
     g0, t0 = policy.gen_busy_s, time.time()
     trajs = rollout.collect(tasks[r.rank::r.world], policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,
-                            group_id_start=step * r.cfg.train.tasks_per_step, progress=False)
+                            group_id_start=step * r.cfg.train.tasks_per_step, progress=False, experts=r.experts)
     return step, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
 
 
@@ -392,6 +395,8 @@ def run(cfg: Config, resume: bool = False) -> dict:
             adv = algo.compute_advantages(batch, r.acfg)
             if cfg.train.updates_per_step > 1:  # PPO epochs: later updates measure ratios against π_old
                 learner.fill_old_logprobs(model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature)
+            if r.acfg.kl_coef:
+                learner.fill_ref_logprobs(model, r.ref_model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
                 m = learner.rl_step(model, opt, sched, batch, adv, r.acfg, cfg.train, r.rcfg.temperature)
         t_train = time.time() - t0

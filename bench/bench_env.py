@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import env as E  # noqa: E402
+import tasks as T  # noqa: E402
 
 
 def median_ms(fn, n):
@@ -30,7 +31,7 @@ def main():
     ap.add_argument("--commands", type=int, default=300)
     ap.add_argument("--resets", type=int, default=10)
     args = ap.parse_args()
-    task = E.generate_easy_tasks(1)[0]
+    task = T.generate_easy_tasks(1)[0]
     rows = []
     with E.Env(warm=0) as env:
         term = env.reset(task)

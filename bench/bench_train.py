@@ -45,6 +45,7 @@ def throughput(cfg, repeats: int):
     import torch
     from transformers import AutoTokenizer
     import env as envmod
+    from tasks import generate_easy_tasks
     import algo
     import config
     import learner
@@ -54,7 +55,7 @@ def throughput(cfg, repeats: int):
         import tiny
         cfg.model.path = str(tiny.build_tiny_model(ROOT / "out" / "bench-tiny", **cfg.model.tiny))
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    tasks = envmod.generate_easy_tasks(16, seed=1)
+    tasks = generate_easy_tasks(16, seed=1)
     rcfg = config.rollout_cfg(cfg)
     trajs = []
     with envmod.Env() as env:

@@ -37,8 +37,8 @@ def docker_env():
 @pytest.fixture(scope="session")
 def easy_tasks():
     """16 generated easy tasks (train split, seed 0); they run on termrl-base:bookworm directly."""
-    import env as envmod
-    return envmod.generate_easy_tasks(16, seed=0)
+    from tasks import generate_easy_tasks
+    return generate_easy_tasks(16, seed=0)
 
 
 # --- tiny model ---------------------------------------------------------------------------

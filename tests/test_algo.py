@@ -242,6 +242,38 @@ def test_keep_rows_masks_long_negatives_and_invalid_rows():
     assert m["long_negative_frac"] == 0.25 and m["invalid_frac"] == 0.25
 
 
+def test_negative_of_exactly_max_negative_tokens_is_kept():
+    """The bound is inclusive: "longer than max_negative_tokens" masks 5 tokens, not 4. Catches an
+    off-by-one (`>=` for `>`, or counting only sampled tokens) that silently drops every negative
+    trajectory that just fits the configured budget."""
+    b = build_batch(["paaa", "paaaa", "pppa", "paaaa"], [0.0, 0.0, 0.0, 1.0])  # 4, 5, 4, 5 tokens
+    cfg = AlgoConfig(max_negative_tokens=4)  # baseline none, failures -> -1
+    keep, m = algo.keep_rows(b, algo.compute_advantages(b, cfg), cfg)
+    assert keep.tolist() == [True, False, True, True]  # the length counts prompt tokens too (row 2)
+    assert m["long_negative_frac"] == 0.25
+
+
+@pytest.mark.parametrize("loss_name", ["ppo", "gspo", "ipa"])
+def test_huge_log_ratio_on_a_trained_token_stays_finite(loss_name):
+    """A sampled, unmasked token whose π_θ/π_old is e^2000 (a stale π_old, a bf16 underflow) on a
+    negative trajectory: the loss, its gradient and every metric stay finite, and the ratio the
+    loss used is capped (at most e^20). Catches a log-ratio guard that is removed, applied only to
+    masked-out tokens, or applied before a sum that overflows again (exp(inf) -> inf, inf*0 -> NaN)."""
+    b = build_batch(["paaoaa", "paa"], [0.0, 1.0], groups=[0, 0])
+    lp = rand_lp(b, seed=7).requires_grad_()
+    b.old_logprobs = lp.detach().clone()
+    b.old_logprobs[0, 1] -= 2000.0          # trained token (loss_mask 1, valid row, kept)
+    b.infer_logprobs = b.old_logprobs.clone()  # no train-inference mismatch: nothing masks it
+    cfg = AlgoConfig(loss=loss_name, baseline="grpo", negative_reward=-1.0)
+    adv = algo.compute_advantages(b, cfg)
+    assert adv[0, 1] < 0 and b.loss_mask[0, 1] == 1
+    loss, m = algo.policy_loss(lp, b, adv, cfg)
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.isfinite(lp.grad).all(), (loss, lp.grad)
+    assert all(math.isfinite(v) for v in m.values()), m
+    assert m["ratio_max"] <= math.exp(algo.MAX_LOG_RATIO) * (1 + 1e-9)
+
+
 def test_drop_zero_advantage_averages_over_the_successes_alone():
     """REINFORCE on R in {0,1}: failures have advantage 0, so dropping them leaves the gradient's
     direction and divides by the number of successes instead of all rows (RAFT). A prefilled row
@@ -350,12 +382,12 @@ def test_k3_kl_and_aggregation_modes_by_hand():
     mask = torch.tensor([[0.0, 1, 0, 0], [0.0, 1, 1, 1], [0.0, 0, 0, 0]])
     cases = {"token_mean": (2 + 1 + 3 + 5) / 4,
              "seq_mean_token_mean": (2 / 1 + (1 + 3 + 5) / 3) / 2,
-             "seq_sum_norm": (2 + 1 + 3 + 5) / (2 * 4)}
+             "seq_sum_norm": (2 + 1 + 3 + 5) / (2 * 10)}
     for agg, want in cases.items():
-        den = algo.aggregation_denominator(mask, agg)
+        den = algo.aggregation_denominator(mask, agg, norm_length=10)
         assert algo.aggregate(loss, mask, agg, den).item() == pytest.approx(want)
-    den = algo.aggregation_denominator(mask, "seq_sum_norm", norm_length=10)
-    assert algo.aggregate(loss, mask, "seq_sum_norm", den).item() == pytest.approx(11 / 20)
+    with pytest.raises(ValueError, match="norm_length"):
+        algo.aggregation_denominator(mask, "seq_sum_norm")
 
 
 # ------------------------------------------------------------------------------------------
@@ -407,8 +439,8 @@ def test_aggregation_modes_differ_exactly_as_documented(loss_name):
     rows = [[tok_loss[r, t].item() for t in range(b.input_ids.shape[1]) if b.loss_mask[r, t]] for r in range(3)]
     want = {"token_mean": sum(map(sum, rows)) / sum(map(len, rows)),
             "seq_mean_token_mean": sum(sum(x) / len(x) for x in rows) / 3,
-            "seq_sum_norm": sum(map(sum, rows)) / (3 * 8)}
-    got = {agg: algo.policy_loss(lp, b, adv, AlgoConfig(**{**base.__dict__, "agg": agg}))[0].item()
+            "seq_sum_norm": sum(map(sum, rows)) / (3 * 12)}
+    got = {agg: algo.policy_loss(lp, b, adv, AlgoConfig(**{**base.__dict__, "agg": agg, "norm_length": 12}))[0].item()
            for agg in want}
     assert got == pytest.approx(want)
     assert len({round(v, 9) for v in got.values()}) == 3
@@ -560,7 +592,7 @@ def test_micro_batches_add_up_to_the_full_batch(agg):
     layouts = ["paaoaa", "paaaaaaa", "pa", "paoa", "ppaaaoa", "pa"]
     b = build_batch(layouts, [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], groups=[0, 0, 1, 1, 2, 2])
     pol = TinyPolicy()
-    cfg = AlgoConfig(agg=agg, filter_zero_variance=True, max_negative_tokens=7, entropy_coef=0.01)
+    cfg = AlgoConfig(agg=agg, filter_zero_variance=True, max_negative_tokens=7, entropy_coef=0.01, norm_length=16)
     with torch.no_grad():
         b.old_logprobs = algo.token_logprobs(pol(b.input_ids), b.input_ids)[0] - 0.1 * b.loss_mask
     b.infer_logprobs = b.old_logprobs.clone()
@@ -615,3 +647,100 @@ def test_policy_loss_errors_name_the_missing_input():
         algo.policy_loss(lp, b, adv, AlgoConfig(entropy_coef=0.1))
     with pytest.raises(ValueError, match="advantages has shape"):
         algo.policy_loss(lp, b, adv[:, :2], AlgoConfig())
+
+
+# ------------------------------------------------------------------------------------------
+# the paper's equations, exactly (issue 18)
+# ------------------------------------------------------------------------------------------
+
+def test_chunk_returns_are_exact_in_the_rewards_float64():
+    """Bug: chunk returns computed γ^(K−1−k) in float32 whatever the reward dtype, so Eq. 7's
+    G_k = γ^Δ(k)·A was off by ~1e-7 relative in a float64 batch."""
+    K = 40
+    b = build_batch(["p" + "ao" * K, "pa"], [1.0, 0.0], groups=[0, 0])
+    for gamma in (0.95, 0.9, 0.7):
+        adv = algo.compute_advantages(b, AlgoConfig(baseline="grpo", gamma=gamma, negative_reward=None))
+        assert adv.dtype == torch.float64
+        chunks, _ = chunk_index("p" + "ao" * K)
+        got = [adv[0, t].item() for t, k in enumerate(chunks) if k is not None]
+        want = [0.5 * gamma ** (K - 1 - k) for k in chunks if k is not None]  # A = 1 − group mean 0.5
+        assert got == want                             # bit for bit
+
+
+def test_one_extreme_token_masks_its_chunk():
+    """Bug: token log-ratios were clamped to ±20 before the chunk's geometric mean, so a chunk of 20
+    tokens with one token at π_old/μ = e^100 averaged to e^1 < H and stayed in: the very token the
+    chunk mask exists for un-masked its chunk."""
+    b = build_batch(["p" + "a" * 20], [1.0])
+    b.old_logprobs = torch.zeros_like(b.loss_mask) - 0.5 * b.loss_mask
+    b.infer_logprobs = b.old_logprobs.clone()
+    b.infer_logprobs[0, 3] -= 100.0                   # geometric mean of π_old/μ: e^5 > H = 5
+    log_r = (b.old_logprobs - b.infer_logprobs) * b.loss_mask
+    keep, _ = algo.mismatch_correction(log_r, b.loss_mask, b.chunk_ids, "chunk_mask", 5.0, floor=0.0)
+    assert keep[0, 1:].eq(0).all()
+    _, m = algo.policy_loss(b.old_logprobs.clone(), b, algo.compute_advantages(b, AlgoConfig()), AlgoConfig())
+    assert m["mismatch_chunk_frac"] == 1.0
+
+
+def test_chunk_ratio_is_the_unclamped_geometric_mean():
+    """Bug: the same pre-mean clamp set IPA's ρ_c (Eq. 8) of a chunk with one token at
+    π_θ/π_old = e^-100 among 19 at 1 to e^-1 instead of e^-5, so T− chunks got 55 times the weight."""
+    b = build_batch(["p" + "a" * 20], [0.0])
+    lp = torch.zeros_like(b.loss_mask) - 0.5 * b.loss_mask
+    old = lp.clone()
+    old[0, 7] += 100.0
+    adv = algo.compute_advantages(b, AlgoConfig())
+    _, rho, _, _ = algo.ipa_chunk_loss(lp, old, adv, b.loss_mask, b.chunk_ids)
+    assert rho[0, 1:].tolist() == [math.exp(-100.0 / 20)] * 20
+    _, ratio, _, _ = algo.gspo_loss(lp, old, adv, b.loss_mask, 0.1, 0.1)
+    assert ratio[0, 1].item() == pytest.approx(math.exp(-5.0), rel=1e-12)  # GSPO's sequence ratio too
+
+
+def test_dr_grpo_constant_leaves_valid_rows_unchanged_by_a_padded_invalid_row():
+    """Bug: seq_sum_norm (Dr.GRPO) divided by the batch's padded length T, prompt and tool tokens
+    included, so one long invalid row in the batch rescaled every valid row's loss."""
+    cfg = AlgoConfig(loss="ppo", baseline="grpo", agg="seq_sum_norm", norm_length=64, mismatch="none")
+    rows, rewards = ["paaoaa", "paaa", "pa"], [1.0, 0.0, 1.0]
+    b = build_batch(rows, rewards, groups=[0, 0, 1])
+    bigger = build_batch(rows + ["p" * 40 + "a" * 9], rewards + [float("nan")], groups=[0, 0, 1, 1],
+                         valid=[True, True, True, False])
+    losses = []
+    for batch in (b, bigger):
+        lp = rand_lp(batch, seed=9)[:, :]
+        lp[:3, :6] = rand_lp(b, seed=9)              # the same log-probs on the valid rows
+        loss, _ = algo.policy_loss(lp, batch, algo.compute_advantages(batch, cfg), cfg)
+        losses.append(loss.item())
+    assert losses[0] == losses[1] and losses[0] != 0.0
+    with pytest.raises(ValueError, match="algo.norm_length"):
+        AlgoConfig(agg="seq_sum_norm")
+
+
+def test_topr_split_on_reward_as_eq5_or_on_advantage():
+    """Bug: Eq. 5 splits T+/T− on the reward, algo.py only on the advantage's sign: a success
+    below its group's mean (reward 0.5 beside 1.0) got T−'s importance weight [ρ]₀¹."""
+    b = build_batch(["paa", "paa"], [0.5, 1.0], groups=[0, 0])
+    lp = torch.tensor([[0.0, -0.5, -0.7], [0.0, -0.5, -0.7]])
+    old = lp + torch.tensor([[0.0, 0.5, 0.5], [0.0, 0.0, 0.0]])  # ρ_c = e^-0.5 on row 0
+    b.old_logprobs, b.infer_logprobs = old, old.clone()
+    for split, w in [("reward", 1.0), ("advantage", math.exp(-0.5))]:
+        cfg = AlgoConfig(baseline="grpo", negative_reward=None, gamma=1.0, split_on=split,
+                         agg="token_mean", mismatch="none")
+        adv = algo.compute_advantages(b, cfg)          # row 0: A = −0.25
+        lpg = lp.clone().requires_grad_()
+        algo.policy_loss(lpg, b, adv, cfg)[0].backward()
+        assert lpg.grad[0, 1:].tolist() == pytest.approx([0.25 * w / 4] * 2, rel=1e-12)
+    with pytest.raises(ValueError, match="algo.split_on"):
+        AlgoConfig(split_on="sign")
+
+
+def test_defaults_are_the_papers_one_sided_reward_split():
+    """Bug: the module said its defaults were the paper's while the masks were two-sided (Eq. 6 is
+    r ≤ H only) and T+/T− split on the advantage (Eq. 5 splits on the reward)."""
+    cfg = AlgoConfig()
+    assert (cfg.loss, cfg.mismatch, cfg.mismatch_floor, cfg.split_on, cfg.mismatch_cap) == \
+        ("ipa", "chunk_mask", 0.0, "reward", 5.0)
+    b = build_batch(["paa"], [1.0])
+    b.old_logprobs = torch.tensor([[0.0, -3.0, -3.0]])
+    b.infer_logprobs = torch.tensor([[0.0, -0.5, -0.5]])  # π_old/μ = e^-2.5 < 1/H: kept by Eq. 6
+    _, m = algo.policy_loss(b.old_logprobs.clone(), b, algo.compute_advantages(b, cfg), cfg)
+    assert m["mismatch_chunk_frac"] == 0.0

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import env as E
+import tasks as T
 from conftest import FIXTURE_TASKS, ROOT
 
 
@@ -101,9 +102,9 @@ def test_sandbox_network_caps_and_file_size(docker_env, easy_tasks):
 # --- TB1 / TB2 tasks, hidden tests, grading ---------------------------------------------------
 
 def test_tb1_task_hidden_tests_and_grade(docker_env):
-    task = E.load_task(FIXTURE_TASKS / "tb1-hello")
+    task = T.load_task(FIXTURE_TASKS / "tb1-hello")
     assert task.layout == "tb1" and task.workdir == "/app" and "run-tests.sh" in task.tests
-    assert E.oracle_commands(task) == ["cat > /app/greeting.txt <<'TXT'\nhello termrl\nTXT",
+    assert T.oracle_commands(task) == ["cat > /app/greeting.txt <<'TXT'\nhello termrl\nTXT",
                                        "echo done >> /app/seed.txt"]
     with docker_env.reset(task) as term:
         r = term.run("ls -A /tests 2>&1; find / -xdev \\( -name test_outputs.py -o -name 'solution*' "
@@ -115,7 +116,7 @@ def test_tb1_task_hidden_tests_and_grade(docker_env):
                            "tests/test_outputs.py::test_seed_appended": "FAILED"} or \
             set(g.tests.values()) == {"FAILED"}, g.tests
     with docker_env.reset(task) as term:
-        for cmd in E.oracle_commands(task):
+        for cmd in T.oracle_commands(task):
             assert term.run(cmd).exit_code == 0
         g = term.grade()
         assert (g.reward, g.passed, g.infra_error) == (1.0, True, None), g.output
@@ -123,7 +124,7 @@ def test_tb1_task_hidden_tests_and_grade(docker_env):
 
 
 def test_tb2_task_partial_reward_from_reward_txt(docker_env):
-    task = E.load_task(FIXTURE_TASKS / "tb2-partial")
+    task = T.load_task(FIXTURE_TASKS / "tb2-partial")
     assert task.layout == "tb2" and task.memory_mb == 512 and task.test_timeout_s == 30
     with docker_env.reset(task) as term:
         term.run("echo alpha > /app/a.txt")
@@ -131,7 +132,7 @@ def test_tb2_task_partial_reward_from_reward_txt(docker_env):
         assert (g.reward, g.passed, g.infra_error) == (0.5, False, None), g
         assert g.tests == {"a": "PASSED", "b": "FAILED"}
     with docker_env.reset(task) as term:
-        for cmd in E.oracle_commands(task):
+        for cmd in T.oracle_commands(task):
             term.run(cmd)
         assert term.grade().reward == 1.0
 
@@ -141,7 +142,7 @@ def test_tests_go_in_on_the_grading_command_or_through_the_docker_api_with_the_s
     a suite over INLINE_TESTS_MAX, or a container whose base64/tar the agent deleted, goes in through
     put_archive (docker's `extract-to-dir` event). Same grades every way; a planted /tests is replaced."""
     import os
-    task = E.generate_easy_tasks(1, seed=0, kinds=["create"])[0]
+    task = T.generate_easy_tasks(1, seed=0, kinds=["create"])[0]
     big = dataclasses.replace(task, tests={**task.tests, "data.bin": os.urandom(E.INLINE_TESTS_MAX)})
     for t, sabotage, uploads in [(task, "", 0), (big, "", 1), (task, "rm -f /usr/bin/base64", 1),
                                  (task, "rm -f /usr/bin/tar", 1)]:
@@ -162,14 +163,14 @@ def test_tests_go_in_on_the_grading_command_or_through_the_docker_api_with_the_s
 def test_grading_infra_error_is_distinct_from_failure(docker_env, tmp_path):
     broken = shutil.copytree(FIXTURE_TASKS / "tb2-partial", tmp_path / "no-reward")
     (broken / "tests" / "test.sh").write_text("echo 'crashed before writing a reward'; exit 1\n")
-    with docker_env.reset(E.load_task(broken)) as term:
+    with docker_env.reset(T.load_task(broken)) as term:
         g = term.grade()
         assert g.reward is None and g.infra_error and "reward.txt" in g.infra_error
-    with docker_env.reset(E.load_task(FIXTURE_TASKS / "tb2-partial")) as term:
+    with docker_env.reset(T.load_task(FIXTURE_TASKS / "tb2-partial")) as term:
         docker_env.client.api.remove_container(term.id, force=True)  # the daemon loses the container
         g = term.grade()
         assert g.reward is None and g.infra_error
-    bad = dataclasses.replace(E.load_task(FIXTURE_TASKS / "tb1-hello"), name="bad-image",
+    bad = dataclasses.replace(T.load_task(FIXTURE_TASKS / "tb1-hello"), name="bad-image",
                               dockerfile=None, image="termrl-no-such-image:latest")
     with pytest.raises(E.InfraError, match="not available locally"):
         docker_env.reset(bad)
@@ -204,49 +205,49 @@ def _break(d, how):
 def test_malformed_task_is_rejected_naming_the_file(tmp_path, fixture, how, named):
     d = shutil.copytree(FIXTURE_TASKS / fixture, tmp_path / fixture)
     _break(d, how)
-    with pytest.raises(E.TaskError) as e:
-        E.load_tasks(tmp_path)
+    with pytest.raises(T.TaskError) as e:
+        T.load_tasks(tmp_path)
     assert named in str(e.value) and str(d) in str(e.value), str(e.value)
 
 
 def test_load_tasks_from_dir_and_list_file(tmp_path):
-    assert [t.name for t in E.load_tasks(FIXTURE_TASKS)] == ["tb1-hello", "tb2-partial"]
+    assert [t.name for t in T.load_tasks(FIXTURE_TASKS)] == ["tb1-hello", "tb2-partial"]
     (tmp_path / "list.json").write_text(json.dumps({"tasks": [str(FIXTURE_TASKS / "tb2-partial")]}))
     (tmp_path / "list.txt").write_text(f"# one per line\n{FIXTURE_TASKS / 'tb1-hello'}\n")
-    assert [t.name for t in E.load_tasks(tmp_path / "list.json")] == ["tb2-partial"]
-    assert [t.name for t in E.load_tasks(tmp_path / "list.txt")] == ["tb1-hello"]
+    assert [t.name for t in T.load_tasks(tmp_path / "list.json")] == ["tb2-partial"]
+    assert [t.name for t in T.load_tasks(tmp_path / "list.txt")] == ["tb1-hello"]
     (tmp_path / "orphan" / "tests").mkdir(parents=True)
-    with pytest.raises(E.TaskError, match="neither task.yaml"):
-        E.load_tasks(tmp_path)
+    with pytest.raises(T.TaskError, match="neither task.yaml"):
+        T.load_tasks(tmp_path)
 
 
 def test_oracle_commands_split_top_level():
-    task = E.Task(name="t", instruction="x", layout="generated", solution=(
+    task = T.Task(name="t", instruction="x", layout="generated", solution=(
         "#!/bin/bash\nset -euo pipefail\n# comment\n\nfor f in a b; do\n  echo $f\ndone\n"
         "if true; then\n  x=1\nfi\ncat <<EOF > out\nline\nEOF\npython3 - <<'PY'\nprint(1)\nPY\necho 'a;b' # tail\nls \\\n  -l\n"))
-    assert E.oracle_commands(task) == [
+    assert T.oracle_commands(task) == [
         "for f in a b; do\n  echo $f\ndone", "if true; then\n  x=1\nfi", "cat <<EOF > out\nline\nEOF",
         "python3 - <<'PY'\nprint(1)\nPY", "echo 'a;b' # tail", "ls \\\n  -l"]
-    with pytest.raises(E.TaskError, match="does not parse"):
-        E.oracle_commands(dataclasses.replace(task, solution="echo 'open\n"))
+    with pytest.raises(T.TaskError, match="does not parse"):
+        T.oracle_commands(dataclasses.replace(task, solution="echo 'open\n"))
 
 
 # --- generated tasks, concurrency, curation -----------------------------------------------------
 
 def test_generated_family_splits_differ_and_are_deterministic():
-    train, again = E.generate_easy_tasks(40, seed=0), E.generate_easy_tasks(40, seed=0)
-    held = E.generate_easy_tasks(40, seed=0, split="heldout")
+    train, again = T.generate_easy_tasks(40, seed=0), T.generate_easy_tasks(40, seed=0)
+    held = T.generate_easy_tasks(40, seed=0, split="heldout")
     assert [t.instruction for t in train] == [t.instruction for t in again]
-    assert {t.metadata["kind"] for t in train} == set(E.EASY_KINDS)
+    assert {t.metadata["kind"] for t in train} == set(T.EASY_KINDS)
     train_words = set(" ".join(t.instruction + t.setup for t in train).replace("/", " ").replace(".", " ").split())
     held_words = set(" ".join(t.instruction + t.setup for t in held).replace("/", " ").replace(".", " ").split())
-    assert not (set(E._EASY_WORDS["heldout"]) | set(E._EASY_NAMES["heldout"])) & train_words
-    assert held_words & set(E._EASY_WORDS["heldout"])
-    assert E.generate_easy_tasks(7, seed=1)[0].instruction != train[0].instruction
+    assert not (set(T._EASY_WORDS["heldout"]) | set(T._EASY_NAMES["heldout"])) & train_words
+    assert held_words & set(T._EASY_WORDS["heldout"])
+    assert T.generate_easy_tasks(7, seed=1)[0].instruction != train[0].instruction
 
 
 def test_every_easy_kind_passes_oracle_and_fails_noop(docker_env):
-    for task in E.generate_easy_tasks(len(E.EASY_KINDS), seed=3, split="heldout"):
+    for task in T.generate_easy_tasks(len(T.EASY_KINDS), seed=3, split="heldout"):
         row = E.validate_task(docker_env, task, k=1)
         assert row["status"] == "ok" and row["noop"] == 0.0 and row["oracle"] == [1.0], row
 
@@ -270,8 +271,8 @@ def test_eight_episodes_at_once(docker_env, easy_tasks):
 
 
 def test_killed_parent_leaves_nothing_after_next_start(docker_env, easy_tasks):
-    code = ("import sys, time; sys.path.insert(0, %r); import env as E; e = E.Env();"
-            "t = e.reset(E.generate_easy_tasks(1)[0]); print(t.id, flush=True); time.sleep(600)" % str(ROOT))
+    code = ("import sys, time; sys.path.insert(0, %r); import env as E, tasks as T; e = E.Env();"
+            "t = e.reset(T.generate_easy_tasks(1)[0]); print(t.id, flush=True); time.sleep(600)" % str(ROOT))
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         cid = child.stdout.readline().strip()
@@ -301,8 +302,8 @@ def test_validate_cli_table_and_json(tmp_path):
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "exception"])
 def test_own_containers_removed_on_signal_or_crash(docker_env, how):
-    code = ("import sys, time; sys.path.insert(0, %r); import env as E; e = E.Env(warm=1);"
-            "t = e.reset(E.generate_easy_tasks(1)[0]); e.warmup([t.task]); print(t.id, flush=True);"
+    code = ("import sys, time; sys.path.insert(0, %r); import env as E, tasks as T; e = E.Env(warm=1);"
+            "t = e.reset(T.generate_easy_tasks(1)[0]); e.warmup([t.task]); print(t.id, flush=True);"
             "sys.stdin.readline(); raise RuntimeError('crash')" % str(ROOT))
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-import env as E
 import rollout as R
+import tasks as T
 from conftest import ROOT
 
 SHIPPED = ("fix-json-config", "csv-join-report")  # two shipped tasks (TB1 layout, own images)
@@ -103,14 +103,17 @@ def test_make_batch_schema_and_staleness(tiny_tokenizer):
     assert dropped == 1 and [t.policy_version for t in kept] == [1, 3]
 
 
-def test_prefill_k_is_drawn_per_episode():
+def test_prefill_anchor_leaves_the_policy_at_least_the_submit_chunk():
+    """Bug: anchors ran 1..n−1 over the expert's n commands, so a one-command expert (every
+    generated task) never prefilled; its trajectory is n commands and a submit, K = n + 1 chunks."""
     import random
-    task = E.load_task(ROOT / "tasks" / SHIPPED[0])
-    n = len(E.oracle_commands(task))
+    task = T.load_task(ROOT / "tasks" / SHIPPED[0])
+    n = len(T.oracle_commands(task))
     rng = random.Random(0)
-    ks = [R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.5), rng) for _ in range(40)]
-    assert 0 in ks and set(ks) - {0} and all(0 <= k <= n - 1 for k in ks)
+    ks = [R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.5), rng) for _ in range(60)]
+    assert 0 in ks and n in ks and all(0 <= k <= n for k in ks)
     assert R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.0), rng) == 0
+    assert {R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=1.0), rng, expert=["true"]) for _ in range(5)} == {1}
 
 
 # --- engines -------------------------------------------------------------------------------
@@ -207,7 +210,7 @@ def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, do
     with R.Policy(vllm_engine, tiny_tokenizer) as policy:
         trajs = R.collect(easy_tasks[:1], policy, docker_env, cfg, progress=False)
         # sampled turns after expert-prefilled ones, in one trajectory
-        shipped = E.load_task(ROOT / "tasks" / SHIPPED[0])
+        shipped = T.load_task(ROOT / "tasks" / SHIPPED[0])
         pre = R.run_episode(shipped, policy, docker_env, cfg, prefill_k=2)
     assert len(trajs) == 2 and all(t.valid and t.finish_reason in R.FINISH_REASONS for t in trajs)
     assert pre.valid and pre.num_turns == 3 and set(pre.chunk_ids[i] for i, m in enumerate(pre.loss_mask) if m) == {2}
@@ -224,12 +227,12 @@ def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, do
 
 
 def test_oracle_solves_shipped_and_generated_tasks(tiny_tokenizer, docker_env, easy_tasks):
-    tasks = [E.load_task(ROOT / "tasks" / n) for n in SHIPPED] + easy_tasks[:3]
+    tasks = [T.load_task(ROOT / "tasks" / n) for n in SHIPPED] + easy_tasks[:3]
     cfg = R.RolloutConfig(max_turns=20, max_tokens_per_turn=2048, max_context=4096, num_workers=4, group_size=1)
     with R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
         trajs = R.collect(tasks, policy, docker_env, cfg, progress=False)
         # expert-prefilled start: the first k oracle turns are executed and marked for imitation
-        two_step = next(t for t in tasks if len(E.oracle_commands(t)) >= 2)
+        two_step = next(t for t in tasks if len(T.oracle_commands(t)) >= 2)
         pre = R.run_episode(two_step, policy, docker_env, cfg, prefill_k=1)
     assert sorted(t.task_name for t in trajs) == sorted(t.name for t in tasks)
     for t in trajs + [pre]:
@@ -307,3 +310,37 @@ def test_eight_concurrent_episodes_with_one_env_failure(tiny_tokenizer, docker_e
     assert rows[row]["reward"] is None and rows[row]["finish_reason"] == "env_error"
     m = R.rollout_metrics(trajs)
     assert m["rollout/valid_frac"] == 7 / 8 and m["rollout/finish_submitted"] == 7 / 8
+
+
+def test_each_anchor_is_its_own_group_and_the_expert_is_refreshed(tiny_tokenizer, docker_env, easy_tasks):
+    """Bugs: prefilled and from-scratch episodes of a task shared one group, so the group baseline
+    compared runs that started at different chunks; and the expert trajectory was always the oracle,
+    never refreshed with the policy's own successes (the paper's §3.2.4.4)."""
+    tasks = easy_tasks[:4]
+    cfg = R.RolloutConfig(max_turns=4, max_tokens_per_turn=256, max_context=4096, num_workers=4,
+                          prefill_prob=0.5, seed=3)
+    with R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
+        trajs = R.collect(tasks, policy, docker_env, cfg, group_size=3, progress=False)
+    anchors = {}
+    for t in trajs:
+        anchors.setdefault(t.group_id, set()).add(t.prefill_k)
+    assert all(len(ks) == 1 for ks in anchors.values()), anchors   # one anchor per group
+    assert {k for ks in anchors.values() for k in ks} == {0, 1}    # both kinds in the batch
+
+    # a policy that solves each task its own way (an extra command first) replaces the oracle expert
+    experts = {}
+    refresh = dataclasses.replace(cfg, prefill_prob=0.0, refresh_expert=True)
+    for task in tasks[:2]:
+        own = ["cd /app", *T.oracle_commands(task)]
+        with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=own) as policy:
+            R.collect([task], policy, docker_env, refresh, group_size=1, progress=False, experts=experts)
+        assert experts[task.name] == own
+    with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=["false"]) as policy:   # failures change nothing
+        R.collect(tasks[:1], policy, docker_env, refresh, group_size=1, progress=False, experts=experts)
+    assert experts[tasks[0].name][0] == "cd /app" and tasks[2].name not in experts
+    # a prefilled episode now replays the policy's own success, not the oracle
+    with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=["cd /app", "true"]) as policy:
+        pre = R.collect(tasks[:1], policy, docker_env, dataclasses.replace(cfg, prefill_prob=1.0),
+                        group_size=1, progress=False, experts=experts)[0]
+    assert pre.prefill_k >= 1 and pre.messages[2]["tool_call"]["arguments"]["command"] == "cd /app"
+    assert pre.messages[2].get("prefilled") and pre.reward == (1.0 if pre.prefill_k == 2 else 0.0)

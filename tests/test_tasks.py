@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import env as E
+import tasks as T
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
-TASK_DIRS = E.task_dirs(TASKS)
+TASK_DIRS = T.task_dirs(TASKS)
 # categories the suite must cover (issue 2: files, text, Python, debugging, data, git, sysadmin)
 CATEGORIES = {"file-operations", "text-processing", "software-engineering", "debugging",
               "data-processing", "version-control", "system-administration"}
@@ -25,7 +26,7 @@ def category(task):
 
 
 def test_suite_size_layouts_and_categories():
-    tasks = [E.load_task(d) for d in TASK_DIRS]
+    tasks = [T.load_task(d) for d in TASK_DIRS]
     assert len(tasks) >= 24
     layouts = Counter(t.layout for t in tasks)
     assert layouts["tb1"] >= len(tasks) // 2 and layouts["tb2"] >= len(tasks) // 4, layouts  # ~2/3 : 1/3
@@ -37,7 +38,7 @@ def test_suite_size_layouts_and_categories():
 
 @pytest.mark.parametrize("d", TASK_DIRS, ids=[d.name for d in TASK_DIRS])
 def test_task_well_formed(d):
-    task = E.load_task(d)
+    task = T.load_task(d)
     dockerfile = task.dockerfile.read_text()
     assert dockerfile.splitlines()[0] == "FROM termrl-base:bookworm"
     assert "WORKDIR /app" in dockerfile and task.workdir == "/app"
@@ -51,7 +52,7 @@ def test_task_well_formed(d):
     tree = ast.parse(src)
     assert sum(isinstance(n, ast.FunctionDef) and n.name.startswith("test_") for n in tree.body) >= 3
     # the oracle replays command by command in a persistent shell
-    cmds = E.oracle_commands(task)
+    cmds = T.oracle_commands(task)
     assert cmds and not any(re.match(r"\s*set\s+-e", c) for c in cmds)
     meta = task.metadata.get("metadata", task.metadata)
     assert meta["author_name"] == "termrl" and meta["difficulty"] in ("easy", "medium", "hard")

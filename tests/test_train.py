@@ -199,14 +199,51 @@ def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir)
     assert second["ratio_max"] - second["ratio_min"] > 1e-3
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_kl_term_is_k3_to_model_path_weights(tiny_model_dir, lora):
+    """Bug: algo.kl_coef > 0 loaded as valid, then failed on the first step: no reference log-probs
+    were ever computed. π_ref is model.path's weights: a frozen copy, or under LoRA the same model
+    with its adapter disabled; the logged kl_ref is k3 against it, by hand."""
+    from transformers import AutoModelForCausalLM
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
+                            ["algo.kl_coef=0.1", "algo.baseline=grpo", "algo.mismatch=none",
+                             f"model.path={tiny_model_dir}", f"model.lora={str(lora).lower()}"])
+    acfg = config.algo_cfg(cfg)
+    model = learner.load_model(cfg, "cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():  # the policy moves away from model.path's weights (under LoRA: the adapter)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    batch = _synthetic_batch(model.config.vocab_size)
+    ref_model = learner.load_reference(cfg, "cpu")
+    assert (ref_model is None) == lora
+    learner.fill_ref_logprobs(model, ref_model, batch, cfg.train.micro_batch_tokens)
+
+    def lp_of(m):
+        with torch.no_grad():
+            return algo.token_logprobs(m(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                         use_cache=False).logits, batch.input_ids)[0]
+    want_ref, lp = lp_of(AutoModelForCausalLM.from_pretrained(tiny_model_dir)), lp_of(model)
+    mask = batch.attention_mask.bool()
+    torch.testing.assert_close(batch.ref_logprobs[mask], want_ref[mask], rtol=1e-5, atol=1e-5)
+    tok = batch.loss_mask.bool()
+    d = (want_ref - lp)[tok].double()
+    kl = float((d.exp() - d - 1).mean())
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    m = learner.rl_step(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), batch,
+                        algo.compute_advantages(batch, acfg), acfg, cfg.train)
+    assert kl > 1e-4 and m["kl_ref"] == pytest.approx(kl, rel=1e-4)
+
+
 def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_model_dir, docker_env, tmp_path):
     """SFT on 4 copy tasks, validated on 3 others: val_oracle_prob is the mean chance of sampling
     each unseen oracle trajectory exactly (checked against a plain forward); with
     sft.stop_at_val_prob set between two validations, SFT ends at the first one that reaches it."""
-    import env as envmod
     import rollout
+    from tasks import generate_easy_tasks
     from transformers import AutoTokenizer
-    tasks = envmod.generate_easy_tasks(7, seed=3, kinds=["copy"])
+    tasks = generate_easy_tasks(7, seed=3, kinds=["copy"])
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
 
     def sft(stop_at, out):
@@ -252,6 +289,15 @@ def _write_file(d: Path):
     (d / "weights.bin").write_bytes(os.urandom(64))
 
 
+def test_keep_last_keeps_the_sft_only_start(tmp_path):
+    """Bug: checkpoint.keep_last: 2 deleted step_000000, the SFT-only start the README's
+    bench_learning command points at (and every RL gain is measured against)."""
+    root = tmp_path / "ckpt"
+    for step in (0, 10, 20, 30):
+        rundir.save_checkpoint(root, step, _write_file, {"step": step}, keep_last=2)
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000000", "step_000020", "step_000030"]
+
+
 def test_checkpoints_are_atomic_and_keep_the_last_k(tmp_path):
     root = tmp_path / "ckpt"
     for step in range(1, 6):
@@ -273,6 +319,84 @@ def test_checkpoints_are_atomic_and_keep_the_last_k(tmp_path):
                     str(root)], cwd=ROOT, check=True)
     assert not list(root.glob(".tmp-*"))
     assert rundir.latest_checkpoint(root).name == "step_000007"
+
+
+# A child process saves the steps it is given (keep_last=1; 2 MiB model files). With a kill mode it
+# dies by SIGKILL during the last save: "mid-write" once half of that model file is on disk,
+# "before-latest" the instant it would move `latest` (any os.rename/os.replace onto a file of
+# that name), i.e. after step_<N>/ got its final name.
+_SAVE_CHILD = """
+import os, signal, sys, time
+from pathlib import Path
+import rundir
+root, mode, steps = Path(sys.argv[1]), sys.argv[2], [int(s) for s in sys.argv[3:]]
+
+def write_model(d, die=False):
+    d.mkdir(parents=True)
+    with open(d / "model.bin", "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        if die:
+            print("half written", flush=True)
+            time.sleep(600)
+        f.write(os.urandom(1 << 20))
+
+def die_before_latest(real):
+    def call(src, dst, *a, **k):
+        if Path(dst).name == "latest":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(src, dst, *a, **k)
+    return call
+
+for step in steps:
+    last = step == steps[-1]
+    if last and mode == "before-latest":
+        os.rename, os.replace = die_before_latest(os.rename), die_before_latest(os.replace)
+    rundir.save_checkpoint(root, step, lambda d: write_model(d, last and mode == "mid-write"), {"step": step}, 1)
+    print(f"saved {step}", flush=True)
+"""
+
+
+def _save_child(root: Path, mode: str, *steps: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _SAVE_CHILD, str(root), mode, *map(str, steps)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _consistent(ck: Path) -> int:
+    """The step of a checkpoint whose pieces agree: its name, trainer.pt, meta.json, a whole model file."""
+    step = int(ck.name.split("_")[1])
+    assert torch.load(ck / "trainer.pt")["step"] == step
+    assert json.loads((ck / "meta.json").read_text())["step"] == step
+    assert (ck / "model" / "model.bin").stat().st_size == 2 << 20, f"{ck}: model file cut short"
+    return step
+
+
+@pytest.mark.parametrize("mode", ["mid-write", "before-latest"])
+def test_sigkill_during_a_save_leaves_a_consistent_latest(tmp_path, mode):
+    """A real SIGKILL (no except/finally runs) while step 2 is saved over step 1 with keep_last=1:
+    resuming finds a complete checkpoint whose pieces agree, and the resumed run's next save works.
+    Catches: writing straight into step_<N>/ (a kill leaves a half-written step that looks final),
+    deleting old checkpoints before `latest` names the new one (keep_last=1: `latest` would name a
+    deleted step), moving `latest` before the rename, or a stale temp dir the next save trips on."""
+    root = tmp_path / "ckpt"
+    child = _save_child(root, mode, 1, 2)
+    try:
+        assert child.stdout.readline() == "saved 1\n"
+        if mode == "mid-write":  # event-driven: the kill lands once half the file is on disk
+            assert child.stdout.readline() == "half written\n"
+            child.send_signal(signal.SIGKILL)
+        assert child.wait(120) == -signal.SIGKILL
+    finally:
+        child.kill()
+    step = _consistent(rundir.latest_checkpoint(root))
+    if mode == "mid-write":
+        assert step == 1 and not (root / "step_000002").exists()  # step 2 was never complete
+    else:  # step 2 was complete and renamed: either one is a consistent point to resume from
+        assert step in (1, 2) and _consistent(root / "step_000002") == 2
+    resumed = _save_child(root, "none", 2)  # the resumed run saves step 2 again
+    assert resumed.wait(120) == 0
+    assert rundir.latest_checkpoint(root).name == "step_000002" and _consistent(root / "step_000002") == 2
+    assert not list(root.glob(".tmp-*"))
 
 
 def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_path):

@@ -1,0 +1,300 @@
+"""tasks.py — what termrl's agents are asked to do: Terminal-Bench task folders and a generated family.
+
+Loads Terminal-Bench 1.0 (task.yaml + run-tests.sh) and 2 / Harbor (task.toml + tests/test.sh)
+task directories, generates the family of very easy tasks the tiny CPU demo trains on, and splits
+an oracle solution into the commands typed into a terminal. Knows nothing about containers (env.py).
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+BASE_IMAGE = "termrl-base:bookworm"  # the image generated tasks run in (scripts/setup.sh builds it)
+DEFAULT_MEMORY_MB, DEFAULT_CPUS, DEFAULT_PIDS = 2048, 1.0, 512
+
+
+class TaskError(ValueError):
+    """A malformed task directory; the message names the file and what is wrong."""
+
+
+# --- Task folders --------------------------------------------------------------------------------
+
+@dataclass
+class Task:
+    name: str
+    instruction: str
+    layout: str                       # "tb1" | "tb2" | "generated"
+    path: Path | None = None
+    image: str | None = None          # use this image as is ...
+    dockerfile: Path | None = None    # ... or build this Dockerfile
+    build_context: Path | None = None
+    setup: str | None = None          # shell run before the agent starts (generated tasks)
+    tests: dict = field(default_factory=dict)   # path relative to /tests -> bytes
+    test_command: str = "bash /tests/run-tests.sh"
+    solution: str = ""
+    workdir: str = "/app"
+    agent_timeout_s: float = 360.0
+    test_timeout_s: float = 60.0
+    build_timeout_s: float = 600.0
+    memory_mb: int = DEFAULT_MEMORY_MB
+    cpus: float = DEFAULT_CPUS
+    pids: int = DEFAULT_PIDS
+    allow_internet: bool = False
+    metadata: dict = field(default_factory=dict)
+
+
+def _need(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise TaskError(f"{path}: missing ({what})")
+    return path
+
+
+def _read_tests(tests_dir: Path) -> dict:
+    _need(tests_dir, "the tests/ directory with the hidden tests")
+    files = {str(p.relative_to(tests_dir)): p.read_bytes() for p in sorted(tests_dir.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts}
+    if not files:
+        raise TaskError(f"{tests_dir}: empty (the hidden tests go here)")
+    return files
+
+
+def _dockerfile_workdir(dockerfile: Path, default: str = "/app") -> str:
+    """The last absolute WORKDIR of the Dockerfile: TB tasks put the agent where the image does."""
+    found = re.findall(r"^\s*WORKDIR\s+(\S+)\s*$", dockerfile.read_text(errors="replace"), re.M | re.I)
+    return found[-1] if found and found[-1].startswith("/") and "$" not in found[-1] else default
+
+
+def _number(value, where: str, cast=float):
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise TaskError(f"{where}: expected a number, got {value!r}") from None
+
+
+def _memory_mb(env: dict, where: str) -> int:
+    if "memory_mb" in env:
+        return _number(env["memory_mb"], f"{where} [environment] memory_mb", int)
+    if "memory" in env:  # Harbor also writes memory = "2G" / "512M"
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)[bB]?\s*", str(env["memory"]))
+        if not m:
+            raise TaskError(f"{where} [environment] memory: cannot parse {env['memory']!r} (use e.g. 2G)")
+        scale = {"k": 1 / 1024, "m": 1, "g": 1024, "": 1 / (1 << 20)}[m.group(2).lower()]
+        return max(1, int(float(m.group(1)) * scale))
+    return DEFAULT_MEMORY_MB
+
+
+def _load_tb1(d: Path) -> Task:
+    f = d / "task.yaml"
+    try:
+        meta = yaml.safe_load(f.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise TaskError(f"{f}: invalid YAML: {e}") from None
+    if not isinstance(meta, dict):
+        raise TaskError(f"{f}: expected a mapping with an 'instruction' key")
+    instruction = meta.get("instruction")
+    if not instruction and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
+        instruction = meta["descriptions"][0].get("description")  # older TB1 tasks
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise TaskError(f"{f}: missing 'instruction' (the task text the agent sees)")
+    dockerfile = _need(d / "Dockerfile", "the task image's Dockerfile")
+    tests = _read_tests(d / "tests")
+    tests["run-tests.sh"] = _need(d / "run-tests.sh", "the script that runs the tests").read_bytes()
+    if (d / "solution.sh").exists():
+        solution = (d / "solution.sh").read_text()
+    elif (d / "solution.yaml").exists():
+        steps = yaml.safe_load((d / "solution.yaml").read_text()) or []
+        solution = "\n".join(s["command"] if isinstance(s, dict) else str(s) for s in steps)
+    else:
+        raise TaskError(f"{d / 'solution.sh'}: missing (the oracle solution)")
+    return Task(
+        name=d.name, instruction=instruction.strip(), layout="tb1", path=d, dockerfile=dockerfile,
+        build_context=d, tests=tests, test_command="bash /tests/run-tests.sh", solution=solution,
+        workdir=_dockerfile_workdir(dockerfile),
+        agent_timeout_s=_number(meta.get("max_agent_timeout_sec", 360), f"{f} max_agent_timeout_sec"),
+        test_timeout_s=_number(meta.get("max_test_timeout_sec", 60), f"{f} max_test_timeout_sec"),
+        memory_mb=_number(meta.get("memory_mb", DEFAULT_MEMORY_MB), f"{f} memory_mb", int),
+        cpus=_number(meta.get("cpus", DEFAULT_CPUS), f"{f} cpus"),
+        pids=_number(meta.get("pids", DEFAULT_PIDS), f"{f} pids", int),
+        allow_internet=bool(meta.get("allow_internet", False)), metadata=meta)
+
+
+def _load_tb2(d: Path) -> Task:
+    f = d / "task.toml"
+    try:
+        meta = tomllib.loads(f.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(f"{f}: invalid TOML: {e}") from None
+    instruction = _need(d / "instruction.md", "the task text the agent sees").read_text()
+    if not instruction.strip():
+        raise TaskError(f"{d / 'instruction.md'}: empty (the task text the agent sees)")
+    sections = {k: meta.get(k, {}) for k in ("verifier", "agent", "environment")}
+    for k, v in sections.items():
+        if not isinstance(v, dict):
+            raise TaskError(f"{f}: [{k}] must be a table")
+    env = sections["environment"]
+    image = env.get("docker_image")  # a prebuilt image instead of environment/Dockerfile
+    dockerfile = None if image else _need(d / "environment" / "Dockerfile", "the task image's Dockerfile")
+    _need(d / "tests" / "test.sh", "the script that runs the tests and writes /logs/verifier/reward.txt")
+    tests = _read_tests(d / "tests")
+    solution = _need(d / "solution" / "solve.sh", "the oracle solution").read_text()
+    return Task(
+        name=d.name, instruction=instruction.strip(), layout="tb2", path=d, image=image, dockerfile=dockerfile,
+        build_context=d / "environment", tests=tests, test_command="bash /tests/test.sh", solution=solution,
+        workdir=env.get("workdir") or (_dockerfile_workdir(dockerfile) if dockerfile else "/app"),
+        agent_timeout_s=_number(sections["agent"].get("timeout_sec", 600), f"{f} [agent] timeout_sec"),
+        test_timeout_s=_number(sections["verifier"].get("timeout_sec", 600), f"{f} [verifier] timeout_sec"),
+        build_timeout_s=_number(env.get("build_timeout_sec", 600), f"{f} [environment] build_timeout_sec"),
+        memory_mb=_memory_mb(env, str(f)), cpus=_number(env.get("cpus", DEFAULT_CPUS), f"{f} [environment] cpus"),
+        pids=_number(env.get("pids", DEFAULT_PIDS), f"{f} [environment] pids", int),
+        allow_internet=bool(env.get("allow_internet", False)), metadata=meta)
+
+
+def load_task(path) -> Task:
+    """Load one Terminal-Bench 1.0 (task.yaml) or 2 / Harbor (task.toml) task directory."""
+    d = Path(path)
+    if not d.is_dir():
+        raise TaskError(f"{d}: not a directory (expected a task folder with task.yaml or task.toml)")
+    if (d / "task.toml").exists():
+        return _load_tb2(d)
+    if (d / "task.yaml").exists():
+        return _load_tb1(d)
+    raise TaskError(f"{d}: neither task.yaml (Terminal-Bench 1.0) nor task.toml (Terminal-Bench 2) found")
+
+
+def _looks_like_task(d: Path) -> bool:
+    return any((d / n).exists() for n in ("task.yaml", "task.toml", "instruction.md", "solution.sh",
+                                          "run-tests.sh", "tests", "solution"))
+
+
+def task_dirs(spec) -> list[Path]:
+    """Task folders named by spec: a task dir, a dir of task dirs, or a list file (JSON or lines)."""
+    p = Path(spec)
+    if p.is_file():
+        text = p.read_text()
+        try:
+            items = json.loads(text)["tasks"] if text.lstrip().startswith("{") else None
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise TaskError(f"{p}: expected JSON of the form {{\"tasks\": [\"path\", ...]}}") from None
+        if items is None:
+            items = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        return [(p.parent / i) if not Path(i).is_absolute() else Path(i) for i in items]
+    if not p.is_dir():
+        raise TaskError(f"{p}: no such task directory or task-list file")
+    if (p / "task.yaml").exists() or (p / "task.toml").exists():
+        return [p]
+    return [d for d in sorted(p.iterdir()) if d.is_dir() and _looks_like_task(d)]
+
+
+def load_tasks(spec) -> list[Task]:
+    """All tasks named by spec (see task_dirs); raises TaskError on the first malformed one."""
+    return [load_task(d) for d in task_dirs(spec)]
+
+
+# --- The generated family of very easy tasks (for the tiny CPU demo) -----------------------------
+
+# The held-out split draws names and words from disjoint lists and uses other counts.
+_EASY_WORDS = {
+    "train": ["apple", "river", "stone", "cloud", "green", "tiger", "lemon", "piano", "sugar", "happy",
+              "orange", "silver", "window", "garden", "rocket", "pencil", "yellow", "castle"],
+    "heldout": ["mango", "ocean", "ember", "frost", "violet", "zebra", "cherry", "violin", "honey", "brave",
+                "purple", "golden", "mirror", "forest", "planet", "marker", "indigo", "palace"],
+}
+_EASY_NAMES = {
+    "train": ["notes", "data", "log", "items", "list", "report", "todo", "words", "draft", "info"],
+    "heldout": ["memo", "record", "inventory", "summary", "journal", "ledger", "digest", "roster"],
+}
+_EASY_COUNTS = {"train": (2, 9), "heldout": (10, 16)}
+EASY_KINDS = ["create", "count", "copy", "rename", "append", "mkdir", "delete"]
+
+
+def _easy_one(kind: str, rng: random.Random, split: str) -> tuple[str, str, str, list[tuple[str, str]]]:
+    """(instruction, setup, solution, [(check name, bash condition)]) for one easy task."""
+    words, names = _EASY_WORDS[split], _EASY_NAMES[split]
+    f, g = (f"/app/{n}.txt" for n in rng.sample(names, 2))
+    w1, w2 = rng.sample(words, 2)
+    lines = [rng.choice(words) for _ in range(rng.randint(*_EASY_COUNTS[split]))]
+    body = "\n".join(lines)
+    make_f = f"printf '%s\\n' {' '.join(lines)} > {f}"
+    if kind == "create":
+        return (f"Create the file {f} containing the line: {w1} {w2}", "", f"echo {w1} {w2} > {f}",
+                [("content", f'[ "$(cat {f})" = "{w1} {w2}" ]')])
+    if kind == "count":
+        return (f"Count the lines in {f} and write the number to {g}", make_f, f"wc -l < {f} > {g}",
+                [("number", f'[ "$(tr -d "[:space:]" < {g})" = "{len(lines)}" ]'),
+                 ("source_kept", f"[ -f {f} ]")])
+    if kind == "copy":
+        return (f"Copy {f} to {g}", make_f, f"cp {f} {g}",
+                [("copied", f"cmp -s {g} - <<'EOF'\n{body}\nEOF"), ("source_kept", f"[ -f {f} ]")])
+    if kind == "rename":
+        return (f"Rename {f} to {g}", make_f, f"mv {f} {g}",
+                [("renamed", f"cmp -s {g} - <<'EOF'\n{body}\nEOF"), ("source_gone", f"[ ! -e {f} ]")])
+    if kind == "append":
+        return (f"Append the line {w1} to the end of {f}", make_f, f"echo {w1} >> {f}",
+                [("appended", f"cmp -s {f} - <<'EOF'\n{body}\n{w1}\nEOF")])
+    if kind == "mkdir":
+        return (f"Create the directory /app/{w1}/{w2}", "", f"mkdir -p /app/{w1}/{w2}",
+                [("directory", f"[ -d /app/{w1}/{w2} ]")])
+    if kind == "delete":
+        return (f"Delete the file {f}", f"{make_f}; echo {w1} > {g}", f"rm {f}",
+                [("deleted", f"[ ! -e {f} ]"), ("other_kept", f"[ -f {g} ]")])
+    raise ValueError(f"unknown easy task kind {kind!r}; choose from {EASY_KINDS}")
+
+
+def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None) -> list[Task]:
+    """n procedurally generated very easy tasks (kinds cycled, parameters drawn from seed)."""
+    if split not in _EASY_WORDS:
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    kinds = list(kinds or EASY_KINDS)
+    rng = random.Random(f"termrl-easy:{seed}:{split}")
+    tasks = []
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        instruction, setup, solution, checks = _easy_one(kind, rng, split)
+        test = "".join(f"if {cond}\nthen echo 'PASSED {name}'\nelse echo 'FAILED {name}'; fail=1\nfi\n"
+                       for name, cond in checks)
+        tests = {"test.sh": f"#!/bin/bash\nfail=0\n{test}exit $fail\n".encode()}
+        tasks.append(Task(
+            name=f"easy-{split}-{seed}-{i:04d}-{kind}", instruction=instruction, layout="generated",
+            image=BASE_IMAGE, setup=f"mkdir -p /app\n{setup}".strip(), tests=tests,
+            test_command="bash /tests/test.sh", solution=solution + "\n", workdir="/app",
+            agent_timeout_s=120, test_timeout_s=30, memory_mb=256, cpus=1.0, pids=128,
+            metadata={"kind": kind, "split": split, "seed": seed, "index": i}))
+    return tasks
+
+
+# --- Oracle solutions as a sequence of commands --------------------------------------------------
+
+_ERREXIT = re.compile(r"set(\s+([-+][A-Za-z]+|pipefail|errexit|nounset|xtrace|errtrace|noclobber))+")
+
+
+def _complete(chunk: str) -> bool:
+    if re.search(r"(^|[^\\])(\\\\)*\\\n$", chunk):  # ends in a line continuation: bash -n accepts that
+        return False
+    r = subprocess.run(["bash", "-n"], input=chunk, capture_output=True, text=True)
+    return r.returncode == 0 and not r.stderr.strip()  # an open heredoc only warns
+
+
+def oracle_commands(task: Task) -> list[str]:
+    """The oracle solution split into top-level shell commands, in order.
+
+    Lines are accumulated until `bash -n` accepts the chunk; shebangs, comments and `set -e`-style
+    lines are dropped (errexit would end a persistent interactive shell at the first failure)."""
+    commands, chunk = [], []
+    for line in task.solution.splitlines():
+        s = line.strip()
+        if not chunk and (not s or s.startswith("#") or _ERREXIT.fullmatch(s)):
+            continue
+        chunk.append(line)
+        if _complete("\n".join(chunk) + "\n"):
+            commands.append("\n".join(chunk).strip())
+            chunk = []
+    if chunk:
+        raise TaskError(f"{task.path or task.name}: the solution does not parse as bash near: {chunk[0][:80]!r}")
+    return commands
