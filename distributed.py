@@ -66,17 +66,42 @@ def init_distributed(device: str) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def wrap_parallel(model, cfg, device: str):
-    """DDP, or FSDP2 (fully_shard every decoder layer, then the root)."""
+def engine_launch_kwargs() -> dict:
+    """vLLM executor arguments for this process. Under torchrun every rank runs its own one-GPU
+    engine: vLLM 0.32 would pick its single-process executor, which takes local rank 0 and switches
+    every rank to cuda:0; "external_launcher" takes RANK/LOCAL_RANK from torchrun and the process
+    group already there, as TRL's colocate mode and verl do (tests/test_gpu_path.py,
+    test_two_ranks_run_independent_engines_on_their_own_devices)."""
+    return {"distributed_executor_backend": "external_launcher"} if int(os.environ.get("WORLD_SIZE", "1")) > 1 else {}
+
+
+def check_engine_placement(engine_device: str, engine_local_rank: int, trainer_device: str):
+    """Raise unless this rank's engine and trainer sit on this rank's device (cuda:LOCAL_RANK; on CPU
+    the engine's local rank still tells which executor placed it)."""
+    import torch
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    want = f"cuda:{local}" if trainer_device.startswith("cuda") else "cpu"
+    trainer = f"cuda:{torch.cuda.current_device()}" if want.startswith("cuda") else trainer_device
+    if (engine_device, engine_local_rank, trainer) != (want, local, want):
+        raise RuntimeError(f"rank with LOCAL_RANK={local} expects engine and trainer on {want}; the engine is "
+                           f"on {engine_device} as local rank {engine_local_rank}, the trainer on {trainer}. "
+                           f"Under torchrun the engine needs distributed_executor_backend=external_launcher "
+                           f"(distributed.engine_launch_kwargs) and one visible GPU per rank.")
+
+
+def wrap_parallel(model, cfg, device: str, compute_dtype=None):
+    """DDP, or FSDP2 (fully_shard every decoder layer, then the root). FSDP2 gathers the fp32
+    master weights as `compute_dtype` for forward/backward and reduces gradients in fp32."""
     import torch
     if cfg.train.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(model, device_ids=[torch.cuda.current_device()] if device == "cuda" else None)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for m in model.modules():
         if type(m).__name__.endswith("DecoderLayer"):
-            fully_shard(m)
-    fully_shard(model)
+            fully_shard(m, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
     return model
 
 

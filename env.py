@@ -12,6 +12,7 @@ import argparse
 import atexit
 import base64
 import contextlib
+import fnmatch
 import hashlib
 import io
 import json
@@ -21,13 +22,14 @@ import select
 import shlex
 import signal
 import socket
+import stat
 import struct
 import sys
 import tarfile
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks import Task, TaskError, generate_easy_tasks, load_task, oracle_commands, task_dirs
@@ -158,6 +160,8 @@ class Grade:
     tests: dict
     output: str
     infra_error: str | None
+    rewards: dict = field(default_factory=dict)  # every key of a TB2 reward.json (reward.txt: {"reward": x})
+    tampered: str | None = None  # evidence that the episode tampered with grading (reward is then 0)
 
 
 class _Capped:
@@ -218,6 +222,10 @@ class Terminal:
         self._begin, self._end = f"__termrl_{tok}_B ".encode(), f"\n__termrl_{tok}_E ".encode()
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
+        self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
+        layers = (info.get("GraphDriver") or {}).get("Data") or {}
+        self._layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
+        self._home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
         self._start_session()
 
     # -- session plumbing ----------------------------------------------------------------------
@@ -380,13 +388,31 @@ class Terminal:
         return self.client.api.exec_inspect(r["Id"])["ExitCode"], out.decode("utf-8", "replace")
 
     def grade(self) -> Grade:
-        """Copy the hidden tests in, run them with the task's test timeout, and score the episode.
+        """Stop the agent, check the verifier's toolchain, copy the hidden tests in, run them, score.
 
-        reward: 1/0 from the test exit code (TB1, generated) or the number in reward.txt/json (TB2);
-        infra_error (reward None) when the harness, not the agent, failed."""
+        reward: 1/0 from the test exit code (TB1, generated) or reward.txt/json (TB2). An episode
+        that tampered with grading gets reward 0 and `tampered` evidence; infra_error (reward None)
+        only when Docker failed or the harness fails on a fresh container too (tests/test_tampering.py)."""
         t = self.task
         try:
-            # Start from a clean /tests: an agent must not be able to plant a conftest.py or a reward.
+            evidence = [] if t.keep_agent_processes else self._stop_agent()
+            evidence += toolchain_changes(self._changes(), t, self._home)
+        except Exception as e:
+            return self._failed(e)
+        if evidence:
+            return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
+        g, harness_failed = self._verify()
+        if harness_failed and self.env is not None and self.env.harness_runs(t):
+            return Grade(0.0, False, g.tests, g.output, None, rewards=g.rewards, tampered=(
+                f"{g.infra_error} after the episode, but the harness runs on a fresh container"))
+        return g
+
+    def _verify(self) -> tuple[Grade, bool]:
+        """Clean /tests and /logs/verifier, unpack the tests, run them: (grade, the harness failed)."""
+        t = self.task
+        env = verifier_env(t)
+        try:
+            # Start from a clean /tests: nothing the agent left there or in the verifier's output counts.
             clean = "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent"
             tar, code = _tar(t.tests), None
             if len(tar) <= INLINE_TESTS_MAX:
@@ -396,19 +422,19 @@ class Terminal:
                     f"{{ {clean} && command -v base64 >/dev/null && command -v tar >/dev/null && "
                     f"printf %s {base64.b64encode(tar).decode()} | base64 -d | tar -x -C /tests; }} "
                     f"|| {{ echo {_NOT_INSTALLED}; exit 213; }}\n{t.test_command}",
-                    t.test_timeout_s, env={"TEST_DIR": "/tests"})
+                    t.test_timeout_s, env=env)
                 if code == 213 and _NOT_INSTALLED in out:
                     code = None  # no base64 or tar in this image: the docker API's way below
             if code is None:
                 self.exec(clean, 30)
                 if not self.client.api.put_archive(self.id, "/tests", tar):
                     raise InfraError("could not copy the tests into the container")
-                code, out = self.exec(t.test_command, t.test_timeout_s, env={"TEST_DIR": "/tests"})
+                code, out = self.exec(t.test_command, t.test_timeout_s, env=env)
             if t.layout == "tb2":
-                rc, text = self.exec("for f in /logs/verifier/reward.txt /logs/verifier/reward.json; do "
+                rc, text = self.exec("for f in /logs/verifier/reward.json /logs/verifier/reward.txt; do "
                                      "[ -f $f ] && { echo $f; cat $f; exit 0; }; done; exit 3", 30)
-        except Exception as e:  # daemon error, container gone: not the agent's doing
-            return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}")
+        except Exception as e:
+            return self._failed(e), False
         cap = _Capped(OUTPUT_CAP * 4)
         cap.add(out.encode())
         tests = {m.group(2): m.group(1) for m in re.finditer(
@@ -417,20 +443,71 @@ class Terminal:
         output = cap.text() + ("\n[tests timed out]" if timed_out else "")
         if t.layout != "tb2":
             if code in (126, 127) or (code in (3, 4, 5) and not tests):  # harness missing / pytest usage error
-                return Grade(None, False, tests, output, f"test harness failed to run (exit code {code})")
-            return Grade(1.0 if code == 0 else 0.0, code == 0, tests, output, None)
+                return Grade(None, False, tests, output, f"test harness failed to run (exit code {code})"), True
+            return Grade(1.0 if code == 0 else 0.0, code == 0, tests, output, None), False
         if rc != 0:
             if timed_out:
-                return Grade(0.0, False, tests, output, None)
+                return Grade(0.0, False, tests, output, None), False
             return Grade(None, False, tests, output,
-                         f"test harness wrote no /logs/verifier/reward.txt (tests exit code {code})")
+                         f"test harness wrote no /logs/verifier/reward.txt (tests exit code {code})"), True
         path, _, body = text.partition("\n")
         try:
-            d = json.loads(body) if path.endswith(".json") else {"reward": body.strip()}
-            reward = float(d["reward"] if "reward" in d else next(iter(d.values())))
-        except (ValueError, KeyError, StopIteration, TypeError, AttributeError):
-            return Grade(None, False, tests, output, f"{path} does not hold a number: {body[:100]!r}")
-        return Grade(reward, reward >= 1.0, tests, output, None)
+            rewards = json.loads(body) if path.endswith(".json") else {"reward": float(body.strip())}
+            reward = scalar_reward(rewards, self.multi_reward)
+        except (ValueError, TypeError, AttributeError) as e:
+            return Grade(None, False, tests, output, f"{path}: {e}: {body[:100]!r}"), True
+        return Grade(reward, reward >= 1.0, tests, output, None, rewards=rewards), False
+
+    def _failed(self, e: Exception) -> Grade:
+        """A Docker error while grading: the agent's doing when its container stopped (it killed the
+        process that keeps the container up), else the daemon's (infra_error)."""
+        with contextlib.suppress(Exception):
+            state = self.client.api.inspect_container(self.id)["State"]
+            if not state.get("Running"):
+                return Grade(0.0, False, {}, "", None, tampered=(
+                    f"the container stopped during the episode (exit code {state.get('ExitCode')})"))
+        return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}")
+
+    def _stop_agent(self) -> list[str]:
+        """SIGKILL every process in the container except init and the `sleep` that keeps it up, so
+        nothing the agent started (daemons included) runs while the tests do; evidence for each
+        killed process that names the tests or the verifier's output (tests/test_tampering.py)."""
+        procs = _container_procs(self._host_pid)
+        if procs is None:  # a daemon on another machine: kill from inside, with the container's tools
+            self.exec(_KILL_INSIDE, 30, workdir="/")
+            return []
+        keep = {self._host_pid, _first_child(self._host_pid, procs)}
+        stopped: dict[int, str] = {}
+        for _ in range(1000):  # SIGSTOP until no new process appears: a stopped process cannot fork
+            new = [h for h in procs if h not in keep and h not in stopped]
+            if not new:
+                break
+            for h in new:
+                stopped[h] = _describe(h)
+                with contextlib.suppress(OSError):
+                    os.kill(h, signal.SIGSTOP)
+            procs = _container_procs(self._host_pid) or {}
+        for h in stopped:
+            with contextlib.suppress(OSError):
+                os.kill(h, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while left := [h for h in (_container_procs(self._host_pid) or {}) if h in stopped and not _zombie(h)]:
+            if time.monotonic() > deadline:
+                raise InfraError(f"processes {left} of the agent survived SIGKILL")
+            time.sleep(0.005)
+        return [f"a process the agent left running refers to {m.group()}: {text[:200]!r}"
+                for text in stopped.values() if (m := _VERIFIER_PATHS.search(text))]
+
+    def _changes(self) -> list[tuple[str, str]]:
+        """(path, "A"dded | "C"hanged | "D"eleted) of the container against its image: from the overlay
+        upper dir when it is on this machine (docker's diff API walks every layer: ~0.7 s here)."""
+        upper, lowers = self._layers
+        if upper and os.path.isdir(upper):
+            return _overlay_changes(upper, lowers)
+        entries = [(c["Path"], "CAD"[c["Kind"]]) for c in self.client.api.diff(self.id) or []]
+        paths = sorted(p for p, _ in entries)
+        parents = {p.rsplit("/", 1)[0] for p in paths}
+        return [(p, k) for p, k in entries if p not in parents]  # a directory is listed when a child changed
 
     def close(self):
         if not self.closed:
@@ -468,6 +545,154 @@ def _container_procs(init_pid: int) -> dict | None:
     return procs
 
 
+# --- Grading integrity: the verifier's environment, the agent's leftovers, toolchain changes -----
+
+# Where the verifier's input and output live: a process of the agent that names them is tampering.
+_VERIFIER_PATHS = re.compile(r"/tests\b|/logs/verifier|reward\.(txt|json)")
+# Inside a container whose processes we cannot signal from here: stop, then kill, all but init,
+# the first child of init (the sleep that keeps the container up) and this script's own ancestry.
+_KILL_INSIDE = r"""keep=" 1 $$ $PPID $(cut -d' ' -f4 /proc/$PPID/stat) "
+first=$(for p in /proc/[0-9]*; do [ "$(cut -d' ' -f4 $p/stat 2>/dev/null)" = 1 ] && echo ${p#/proc/}; done | sort -n | head -1)
+for sig in STOP STOP STOP KILL; do for p in /proc/[0-9]*; do p=${p#/proc/}
+  case "$keep $first " in *" $p "*) ;; *) kill -$sig $p 2>/dev/null;; esac; done; done; true"""
+RUNNER_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+# Programs every test harness may run, besides the words of the task's own test scripts.
+_HARNESS_PROGRAMS = {"bash", "sh", "dash", "env", "timeout", "python", "python3", "pytest", "pytest-3",
+                     "py.test", "pip", "pip3", "uv", "uvx"}
+_RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py", "pluggy.py"}
+_BIN_DIRS = ("/usr/local/sbin/", "/usr/local/bin/", "/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/")
+
+
+def verifier_env(task: Task) -> dict:
+    """Environment of the test run. The rest comes from the image's config, which the agent cannot
+    change (its `export`s live in its own shell): PATH, PYTHONPATH, HOME. Python's user site is off
+    and pytest reads no conftest or ini file above /tests, only the task's own (tests/test_tampering.py)."""
+    ini = next((f"/tests/{n}" for n in RUNNER_CONFIGS if n in task.tests), "/dev/null")
+    return {"TEST_DIR": "/tests", "PYTHONNOUSERSITE": "1",
+            "PYTEST_ADDOPTS": f"-p no:cacheprovider --rootdir=/tests --confcutdir=/tests -c {ini}"}
+
+
+def scalar_reward(rewards: dict, multi: str = "mean") -> float:
+    """The reward of a Harbor reward.json. Harbor keeps every key and its metrics expect one (or a key
+    named "reward", which its rewardkit writes as the aggregate); several keys and no "reward" are
+    reduced by `multi`: "mean", "min" (every criterion must hold) or "error"."""
+    if not isinstance(rewards, dict) or not rewards:
+        raise ValueError("expected a JSON object of numbers")
+    values = {k: float(v) for k, v in rewards.items()}
+    if "reward" in values or len(values) == 1:
+        return values.get("reward", next(iter(values.values())))
+    if multi == "mean":
+        return sum(values.values()) / len(values)
+    if multi == "min":
+        return min(values.values())
+    raise ValueError(f"several rewards {sorted(values)} and no 'reward' key; set env.multi_reward to mean or min")
+
+
+def _script_words(task: Task) -> tuple[set, set]:
+    """(words, sourced absolute paths) of the task's test command and shell scripts in its tests."""
+    text = task.test_command + "\n" + "\n".join(
+        v.decode("utf-8", "replace") for k, v in task.tests.items() if k.endswith(".sh"))
+    words = set(re.findall(r"[A-Za-z0-9_.+-]+", text))
+    sourced = {p for p in re.findall(r"(?:^|[;&|({\s])(?:source|\.)\s+[\"']?([^\s\"';&|)]+)", text)}
+    return words, sourced
+
+
+def toolchain_changes(changes, task: Task, home: str = "/root") -> list[str]:
+    """Evidence that the container's changes against its image reach the verifier's toolchain: the
+    harness's programs on PATH, Python's startup hooks and the test runner's package, the dynamic
+    loader's config, runner config above /tests, files the test scripts source. A task lists the
+    globs its legitimate solution must change in verifier_changes_ok."""
+    words, sourced = _script_words(task)
+    programs = _HARNESS_PROGRAMS | words
+    sourced = {re.sub(r"^(\$HOME|\$\{HOME\}|~)(?=/)", home, p) for p in sourced}
+    kinds = {"A": "added", "C": "changed", "D": "deleted"}
+    out = []
+    for path, kind in changes:
+        if path.startswith(("/tests/", "/logs/", "/proc/", "/tmp/pytest-of-")) or path in ("/tests", "/logs") or \
+                any(fnmatch.fnmatch(path, g) for g in task.verifier_changes_ok):
+            continue
+        parts, name = path.split("/"), path.rsplit("/", 1)[-1]
+        why = None
+        if path.startswith("/etc/ld.so.preload") or path.startswith("/etc/ld.so.conf"):
+            why = "the dynamic loader's config"
+        elif path[:len(path) - len(name)] in _BIN_DIRS and (name in programs or re.fullmatch(r"python\d[\d.]*", name)):
+            why = "a program the test harness runs"
+        elif name in ("sitecustomize.py", "usercustomize.py") or (name.endswith(".pth") and "python" in path):
+            why = "a Python startup hook"
+        elif _RUNNER_PACKAGES & set(parts) or re.search(r"/(pytest|pluggy)-[^/]*\.dist-info(/|$)", path):
+            why = "the test runner's package"
+        elif re.match(r"/usr/lib/python3\.\d+/(?!(dist|site)-packages/)", path) and not (kind == "A" and "__pycache__" in parts):
+            why = "Python's standard library"
+        elif kind != "A" and re.match(r"/(usr/)?lib(64|/x86_64-linux-gnu|/aarch64-linux-gnu)?/[^/]*\.so[.\d]*$", path):
+            why = "a shared library"
+        elif len(parts) == 2 and name in RUNNER_CONFIGS + ("conftest.py",):
+            why = "test runner config above /tests"
+        elif path in sourced:
+            why = "a file the test script sources"
+        if why:
+            out.append(f"{kinds[kind]} {path} ({why})")
+    return out
+
+
+def _overlay_changes(upper: str, lowers: list[str]) -> list[tuple[str, str]]:
+    """What docker diff reports, from the overlay dirs: whiteouts are deletions, a file also in a
+    lower layer was changed, else added; an opaque directory (removed, then made again) changed."""
+    out = []
+    for root, dirs, files in os.walk(upper):
+        rel = root[len(upper):]
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                if os.getxattr(os.path.join(root, d), "trusted.overlay.opaque") == b"y":
+                    out.append((f"{rel}/{d}", "C"))
+        for f in files:
+            st = os.lstat(os.path.join(root, f))
+            p = f"{rel}/{f}"
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                out.append((p, "D"))
+            else:
+                out.append((p, "C" if any(os.path.lexists(lo + p) for lo in lowers) else "A"))
+    return out
+
+
+def _stat_fields(hpid: int) -> list[str]:
+    return Path(f"/proc/{hpid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _first_child(init_pid: int, procs: dict) -> int | None:
+    """The oldest child of the container's init: the sleep that keeps the container up."""
+    kids = []
+    for h in procs:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            f = _stat_fields(h)
+            if int(f[1]) == init_pid:
+                kids.append((int(f[19]), h))
+    return min(kids)[1] if kids else None
+
+
+def _zombie(hpid: int) -> bool:
+    try:
+        return _stat_fields(hpid)[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # gone
+
+
+def _describe(hpid: int) -> str:
+    """A process's command line and the text of the scripts it names (what it will do)."""
+    try:
+        argv = Path(f"/proc/{hpid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    text = b" ".join(argv).decode("utf-8", "replace")
+    for a in argv[1:]:
+        if a.startswith(b"/") or b"." in a:
+            with contextlib.suppress(OSError, ValueError):
+                cwd = os.readlink(f"/proc/{hpid}/cwd")
+                p = Path(f"/proc/{hpid}/root") / os.path.join(cwd, a.decode()).lstrip("/")
+                if p.is_file() and p.stat().st_size < (1 << 16):
+                    text += "\n" + p.read_text(errors="replace")
+    return text
+
+
 def _tar(files: dict) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -497,7 +722,7 @@ class Env:
     that config was reset 3 times or passed to warmup(); only the `max_pools` most recent are kept."""
 
     def __init__(self, warm: int = 0, max_concurrent_starts: int = 4, allow_internet: bool = False,
-                 output_cap: int = OUTPUT_CAP, max_pools: int = 16):
+                 output_cap: int = OUTPUT_CAP, max_pools: int = 16, multi_reward: str = "mean"):
         import docker  # imported here so task loading works without the docker SDK
         self._docker = docker
         try:
@@ -506,6 +731,9 @@ class Env:
         except Exception as e:
             raise InfraError(f"cannot reach the Docker daemon ({e}); run `bash scripts/setup.sh`") from None
         self.warm, self.allow_internet, self.output_cap, self.max_pools = warm, allow_internet, output_cap, max_pools
+        if multi_reward not in ("mean", "min", "error"):
+            raise ValueError(f"multi_reward must be mean, min or error, got {multi_reward!r}")
+        self.multi_reward = multi_reward
         self._starts = threading.Semaphore(max_concurrent_starts)
         self._lock = threading.Condition()
         self._pool: dict[tuple, list[Terminal]] = {}  # container config -> ready terminals, least recent first
@@ -602,7 +830,9 @@ class Env:
                 with _LIVE_LOCK:
                     _LIVE[cid] = self.client
                 self.client.api.start(cid)
-                return Terminal(self.client, cid, key, self.output_cap)
+                term = Terminal(self.client, cid, key, self.output_cap)
+                term.env, term.multi_reward = self, self.multi_reward
+                return term
             except Exception as e:
                 if "cid" in locals():
                     _remove(self.client, cid)
@@ -677,6 +907,18 @@ class Env:
                 term.close()
                 raise InfraError(f"task {task.name}: setup failed (exit {r.exit_code}): {r.output[-500:]}")
         return term
+
+    def harness_runs(self, task: Task) -> bool:
+        """Whether task's test harness runs (whatever its verdict) on a fresh container: when it does,
+        a harness that failed after an episode was broken by the agent."""
+        try:
+            with self._start(self._key(task)) as term:
+                term.task = task
+                if task.setup:
+                    term.run(f"bash -c {shlex.quote(task.setup)}", timeout=120)
+                return not term._verify()[1]
+        except InfraError:
+            return False
 
     def close(self):
         with self._lock:

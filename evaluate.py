@@ -435,7 +435,7 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
     progs = defaultdict(lambda: {"count": 0, "failed": 0, "timed_out": 0})
     flags = defaultdict(lambda: {"commands": 0, "episodes": 0, "examples": []})
     n_cmds = n_repeat = n_dup = n_invalid = ep_invalid = n_failed = n_timeout = n_shell = 0
-    loops, rewards, finishes = [], [], Counter()
+    loops, rewards, finishes, tampered = [], [], Counter(), []
     trajectories = list(trajectories)
     for ei, t in enumerate(trajectories):
         steps = episode_steps(t)
@@ -470,6 +470,8 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
         for lp in find_loops(cmds, loop_repeats):
             loops.append({"episode": ei, "task": _get(t, "task_name"), **lp})
         finishes[_get(t, "finish_reason")] += 1
+        if why := (_get(t, "grade") or {}).get("tampered"):  # env.Terminal.grade's evidence; graded 0
+            tampered.append({"episode": ei, "task": _get(t, "task_name"), "evidence": why[:300]})
         if is_valid(t):
             rewards.append(_get(t, "reward"))
     for st in progs.values():
@@ -486,6 +488,7 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
         "looping_episodes": len({lp["episode"] for lp in loops}), "loops": loops[:max_examples * 4],
         "invalid_tool_calls": n_invalid, "episodes_with_invalid_tool_calls": ep_invalid,
         "shell_deaths": n_shell,
+        "tampered_episodes": len(tampered), "tampered": tampered[:max_examples * 4],
         "programs": dict(sorted(progs.items(), key=lambda kv: -kv[1]["count"])),
         "flags": {cat: flags[cat] for cat in ("tests", "solution", "network", "outside",
                                               "destructive") if cat in flags},
@@ -537,6 +540,8 @@ def format_behaviour(r: dict, top: int = 12) -> str:
         lines.append(f"FLAG {cat}: {f['commands']} commands in {f['episodes']} episodes")
         for ex in f["examples"][:3]:
             lines.append(f"    [{ex['task']}#{ex['episode']}] {ex['reason']}: {ex['command'][:100]}")
+    for ex in r.get("tampered", [])[:5]:
+        lines.append(f"TAMPERED [{ex['task']}#{ex['episode']}] graded 0: {ex['evidence'][:160]}")
     if not r["flags"] and not r["loops"]:
         lines.append("no loops, no forbidden or destructive commands")
     return "\n".join(lines)

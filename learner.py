@@ -49,13 +49,24 @@ def check_model_path(cfg):
                          f"model.build_tiny: true to build the tiny CPU model there.")
 
 
-def load_model(cfg, device: str, resume: Path | None = None):
-    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming."""
+def compute_dtype(cfg, device: str):
+    """The dtype the trainer computes in (model.dtype; auto = bf16 on GPU, fp32 on CPU)."""
+    return {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
+            "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+
+
+def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = False):
+    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming.
+
+    Full fine-tuning keeps fp32 master weights (and so fp32 AdamW state) and computes in
+    compute_dtype: a bf16 weight rounds away any update below 2^-8 of itself, which at lr 1e-6 is
+    almost every update (test_gpu_path.py::test_bf16_compute_moves_every_weight_at_lr_1e_6). LoRA's
+    frozen base stays in compute_dtype, as does a `frozen` model (the KL reference); peft keeps the
+    adapter in fp32."""
     m = cfg.model
-    dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
-             "bfloat16": torch.bfloat16, "float16": torch.float16}[m.dtype]
+    dtype = compute_dtype(cfg, device)
     base_path = resume / "model" if (resume and not m.lora) else m.path
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32)
     if m.lora:
         from peft import LoraConfig, PeftModel, get_peft_model  # optional: LoRA runs only
         if resume:
@@ -69,7 +80,11 @@ def load_model(cfg, device: str, resume: Path | None = None):
         if m.lora:
             model.enable_input_require_grads()  # else checkpointed blocks see no input needing grad
     model.config.use_cache = False
-    return model.to(device)
+    model = model.to(device)
+    if dtype != torch.float32 and not (distributed.world_size() > 1 and cfg.train.parallel == "fsdp"):
+        # FSDP2 casts in its MixedPrecisionPolicy instead (distributed.wrap_parallel)
+        model.forward = torch.autocast(device_type=device.split(":")[0], dtype=dtype)(model.forward)
+    return model
 
 
 def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
@@ -214,7 +229,7 @@ def load_reference(cfg, device: str):
     if cfg.model.lora:
         return None
     ref = load_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)),
-                     device)
+                     device, frozen=True)
     return ref.eval().requires_grad_(False)
 
 

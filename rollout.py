@@ -169,8 +169,12 @@ class ChatFormat:
 
     def __init__(self, tokenizer, tools=TOOLS, template_kwargs=None):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat_template; use a chat model's tokenizer (Qwen-style, with tools)")
+            raise ValueError("the tokenizer has no chat_template; use a chat model's tokenizer")
         self.tok, self.tools, self.kw = tokenizer, tools, dict(template_kwargs or {})
+        # Many chat templates (SmolLM2's, Llama-2-style ones) ignore `tools=`. Then the schemas and
+        # the call format must reach the model some other way: we write the Hermes/Qwen <tools>
+        # block into the system message ourselves (tests/test_smollm2.py).
+        self.inline_tools = bool(tools) and self._renders_same_without_tools()
         text = self.render(self.BASE[:2] + [{"role": "assistant", "content": self.PROBE}])
         if self.PROBE not in text:
             raise ValueError("the chat template does not render assistant content verbatim; cannot find turn ends")
@@ -181,9 +185,18 @@ class ChatFormat:
         self.stop_id = self.turn_end_ids[0]
         self._base_ids = self.encode(self.render(self.BASE))
 
+    def _renders_same_without_tools(self) -> bool:
+        msgs = self.BASE[:2]
+        def text(tools):
+            return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, **self.kw)
+        return text(self.tools) == text(None)
+
     def render(self, messages, add_generation_prompt=False) -> str:
-        return self.tok.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt, **self.kw)
+        if self.inline_tools:
+            messages = hermes_messages(messages, self.tools)
+        return self.tok.apply_chat_template(messages, tools=None if self.inline_tools else self.tools,
+                                            tokenize=False, add_generation_prompt=add_generation_prompt,
+                                            **self.kw)
 
     def encode(self, text) -> list:
         return self.tok.encode(text, add_special_tokens=False)
@@ -204,6 +217,25 @@ class ChatFormat:
     def expert_ids(self, command) -> list:
         """An assistant turn that calls bash(command), as the model would emit it (stop token included)."""
         return self.encode(tool_call_text("bash", {"command": command})) + [self.stop_id]
+
+
+def hermes_messages(messages, tools) -> list:
+    """`messages` as a template without tool support should see them, in the Hermes/Qwen convention
+    chat models are tuned on: the tool schemas and the call format appended to the system message
+    (one is added when there is none), tool results as user turns inside <tool_response> tags."""
+    block = ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+             "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+             + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+             + "\n</tools>\n\nFor each function call, return a json object with function name and "
+             "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+             '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+    out = [{"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+           if m["role"] == "tool" else m for m in messages]
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": out[0]["content"] + block}
+    else:
+        out.insert(0, {"role": "system", "content": block.lstrip("\n")})
+    return out
 
 
 def tool_call_text(name, arguments) -> str:
@@ -287,10 +319,15 @@ class VLLMEngine:
         kw.update(llm_kwargs)
         self.llm = LLM(**kw)
         self.engine = self.llm.llm_engine
+        self.dtype = self.engine.model_config.dtype  # what update_weights' tensors are cast to
         self.tied = bool(getattr(self.engine.model_config.hf_config, "tie_word_embeddings", False))
         self.lora = None           # the LoRARequest every new request uses
         self._lora_ids = 0         # fresh id per load: vLLM caches adapters by id (verl#7495)
         self.sleeping, self._weights_awake, self.lora_enabled = False, True, enable_lora
+
+    def placement(self) -> tuple[str, int]:
+        """(device, local rank) of the engine's worker, as vLLM placed it."""
+        return self.llm.collective_rpc(lambda worker: (str(worker.device), int(worker.local_rank)))[0]
 
     def add(self, request_id, prompt_ids, sampling, ctx=None):
         from vllm import SamplingParams
@@ -390,7 +427,7 @@ class HFEngine:
     def __init__(self, model, dtype=torch.float32, device="cpu"):
         from transformers import AutoModelForCausalLM
         self.base = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype).to(device).eval()
-        self.model, self.device, self.pending = self.base, device, []
+        self.model, self.device, self.dtype, self.pending = self.base, device, dtype, []
         self.pad_id = self.base.config.pad_token_id if self.base.config.pad_token_id is not None else 0
         self.sleeping = False
 
@@ -785,7 +822,8 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
         t0 = time.monotonic()
         g = term.grade()
         tm["grade_s"] = time.monotonic() - t0
-        traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error}
+        traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
+                      "rewards": g.rewards, "tampered": g.tampered}
         if g.infra_error:
             raise InfraError(g.infra_error)
         traj.reward = float(g.reward)
@@ -900,6 +938,10 @@ def rollout_metrics(trajectories) -> dict:
     m["rollout/tokens_mean"] = sum(len(t.token_ids) for t in trajectories) / n
     for k in ("invalid_turns", "command_timeouts", "text_mismatch", "token_mismatch"):
         m[f"rollout/{k}"] = sum(t.metrics.get(k, 0) for t in trajectories)
+    m["rollout/tampered"] = sum(bool(t.grade.get("tampered")) for t in trajectories)  # graded 0: see env.Terminal.grade
+    for key in sorted({k for t in valid for k in t.grade.get("rewards") or {}}):  # Harbor reward.json keys
+        vals = [t.grade["rewards"][key] for t in valid if key in (t.grade.get("rewards") or {})]
+        m[f"rollout/reward_{key}_mean"] = sum(vals) / len(vals)
     return m
 
 
@@ -956,7 +998,8 @@ def write_jsonl(trajectories, path, tokens=False):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Roll out a policy on terminal tasks and write trajectories as JSONL.")
     ap.add_argument("--model", required=True, help="model directory (HF format; its tokenizer gives the chat template)")
-    ap.add_argument("--tasks", default=None, help="task dir / dir of tasks / task list; default: 8 generated easy tasks")
+    ap.add_argument("--tasks", default=None, help="task dir / dir of tasks / task list; default: generated easy tasks")
+    ap.add_argument("--easy", type=int, default=8, help="how many generated easy tasks, without --tasks")
     ap.add_argument("--engine", choices=["vllm", "hf", "oracle", "garbage"], default="vllm")
     ap.add_argument("--group-size", type=int, default=2)
     ap.add_argument("--workers", type=int, default=4)
@@ -976,7 +1019,7 @@ def main(argv=None):
         engine = HFEngine(a.model)
     else:
         engine = ScriptedEngine(tok, mode=a.engine)
-    tasks = load_tasks(a.tasks) if a.tasks else generate_easy_tasks(8)
+    tasks = load_tasks(a.tasks) if a.tasks else generate_easy_tasks(a.easy)
     cfg = RolloutConfig(max_turns=a.max_turns, max_tokens_per_turn=a.max_tokens_per_turn,
                         max_context=a.max_context, num_workers=a.workers)
     with Env() as env, Policy(engine, tok) as policy:

@@ -48,6 +48,9 @@ class Task:
     pids: int = DEFAULT_PIDS
     allow_internet: bool = False
     metadata: dict = field(default_factory=dict)
+    # Grading integrity opt-outs, for tasks whose legitimate solution needs them (env.Terminal.grade):
+    keep_agent_processes: bool = False  # the tests talk to a service the agent started
+    verifier_changes_ok: list = field(default_factory=list)  # globs of toolchain paths the solution may change
 
 
 def _need(path: Path, what: str) -> Path:
@@ -122,7 +125,17 @@ def _load_tb1(d: Path) -> Task:
         memory_mb=_number(meta.get("memory_mb", DEFAULT_MEMORY_MB), f"{f} memory_mb", int),
         cpus=_number(meta.get("cpus", DEFAULT_CPUS), f"{f} cpus"),
         pids=_number(meta.get("pids", DEFAULT_PIDS), f"{f} pids", int),
-        allow_internet=bool(meta.get("allow_internet", False)), metadata=meta)
+        allow_internet=bool(meta.get("allow_internet", False)), metadata=meta, **_integrity(meta, str(f)))
+
+
+def _integrity(meta: dict, where: str) -> dict:
+    """The grading opt-outs of a task: TB1 top-level keys, TB2 keys of [metadata]."""
+    keep, ok = meta.get("keep_agent_processes", False), meta.get("verifier_changes_ok", [])
+    if not isinstance(keep, bool):
+        raise TaskError(f"{where}: keep_agent_processes must be true or false, got {keep!r}")
+    if not (isinstance(ok, list) and all(isinstance(g, str) and g.startswith("/") for g in ok)):
+        raise TaskError(f"{where}: verifier_changes_ok must be a list of absolute path globs, got {ok!r}")
+    return {"keep_agent_processes": keep, "verifier_changes_ok": ok}
 
 
 def _load_tb2(d: Path) -> Task:
@@ -153,7 +166,8 @@ def _load_tb2(d: Path) -> Task:
         build_timeout_s=_number(env.get("build_timeout_sec", 600), f"{f} [environment] build_timeout_sec"),
         memory_mb=_memory_mb(env, str(f)), cpus=_number(env.get("cpus", DEFAULT_CPUS), f"{f} [environment] cpus"),
         pids=_number(env.get("pids", DEFAULT_PIDS), f"{f} [environment] pids", int),
-        allow_internet=bool(env.get("allow_internet", False)), metadata=meta)
+        allow_internet=bool(env.get("allow_internet", False)), metadata=meta,
+        **_integrity(meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}, f"{f} [metadata]"))
 
 
 def load_task(path) -> Task:
@@ -267,6 +281,27 @@ def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None)
             agent_timeout_s=120, test_timeout_s=30, memory_mb=256, cpus=1.0, pids=128,
             metadata={"kind": kind, "split": split, "seed": seed, "index": i}))
     return tasks
+
+
+def load_task_sets(cfg) -> tuple[list[Task], list[Task]]:
+    """(train tasks, eval tasks) of a run config's `data:` section (eval capped at eval.num_tasks)."""
+    d = cfg.data
+    kinds = d.generated_kinds or None
+    if d.train_tasks == "generated":
+        train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
+    else:
+        train = load_tasks(d.train_tasks)
+    if d.eval_tasks == "generated":
+        held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
+        seen = {t.instruction for t in train}
+        held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
+    elif d.eval_tasks:
+        held = load_tasks(d.eval_tasks)
+    else:
+        held = []
+    if not train:
+        raise SystemExit(f"data.train_tasks {d.train_tasks!r} gave no tasks")
+    return train, held[: cfg.eval.num_tasks]
 
 
 # --- Oracle solutions as a sequence of commands --------------------------------------------------

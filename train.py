@@ -42,7 +42,7 @@ import sft
 import tiny
 from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, rollout_cfg
 from rundir import RunLog, latest_checkpoint, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
-from tasks import generate_easy_tasks, load_tasks
+from tasks import load_task_sets
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # episode threads share the tokenizer; its pool would warn at every fork
 
@@ -67,13 +67,14 @@ def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
 
 def make_engine(cfg: Config, model_path, device: str):
     if cfg.engine.kind == "hf":
-        return rollout.HFEngine(model_path, dtype=torch.float32 if device == "cpu" else torch.bfloat16, device=device)
+        return rollout.HFEngine(model_path, dtype=learner.compute_dtype(cfg, device), device=device)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.engine.cpu_kvcache_gb))
-    dtype = "float32" if device == "cpu" else "bfloat16"  # match the trainer, so the sync gap means something
+    dtype = str(learner.compute_dtype(cfg, device)).removeprefix("torch.")  # the trainer's, so the sync gap means something
     return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
-                              enforce_eager=cfg.engine.enforce_eager, **cfg.engine.extra)
+                              enforce_eager=cfg.engine.enforce_eager,
+                              **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 
 def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
@@ -86,43 +87,24 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
         for old in sorted((out_dir / "adapters").glob(f"rank{rank}-v*"))[:-2]:  # the engine holds the newest
             shutil.rmtree(old, ignore_errors=True)
     else:
-        params = ((n, p.full_tensor() if hasattr(p, "full_tensor") else p)
+        dtype = policy.engine.dtype  # cast one tensor at a time: the fp32 master weights stay as they are
+        params = ((n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().to(dtype))
                   for n, p in distributed.unwrap(model).named_parameters())
         policy.update_weights(params, version)
 
 
-def sync_gap(model, policy, batch, cfg: Config, device: str) -> dict:
+def sync_gap(model, policy, batch, cfg: Config, device: str, n: int = 2) -> dict:
     """Engine vs trainer log-probs on a few sampled sequences after a sync (a silent no-op sync
     shows here); {} when train.sync_check is off or the engine cannot score a prompt."""
     # vLLM's CPU LoRA kernels fail on prompt log-probs (punica_cpu einsum), so no score-based check there
     if not cfg.train.sync_check or (cfg.model.lora and cfg.engine.kind == "vllm" and device == "cpu"):
         return {}
-    seqs, lps, masks = learner.sequence_logprobs(model, batch, n=2)
+    seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
     return rollout.sync_check(policy, seqs, lps, masks) if seqs else {}
 
 
 # -----------------------------------------------------------------------------------------------
-# tasks and Docker
-
-
-def load_task_sets(cfg: Config):
-    d = cfg.data
-    kinds = d.generated_kinds or None
-    if d.train_tasks == "generated":
-        train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
-    else:
-        train = load_tasks(d.train_tasks)
-    if d.eval_tasks == "generated":
-        held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
-        seen = {t.instruction for t in train}
-        held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
-    elif d.eval_tasks:
-        held = load_tasks(d.eval_tasks)
-    else:
-        held = []
-    if not train:
-        raise SystemExit(f"data.train_tasks {d.train_tasks!r} gave no tasks")
-    return train, held[: cfg.eval.num_tasks]
+# Docker
 
 
 def make_env():
@@ -192,7 +174,7 @@ def setup(cfg: Config, resume: bool) -> Run:
     ref_model = learner.load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
     terminals = make_env()
     if world > 1:
-        model = distributed.wrap_parallel(model, cfg, device)
+        model = distributed.wrap_parallel(model, cfg, device, learner.compute_dtype(cfg, device))
     return Run(cfg, device, rank, world, out, rcfg, acfg, train_tasks, eval_tasks, ckpt, state,
                state.get("experts", {}), log, tok, model, ref_model, terminals)
 
@@ -256,6 +238,8 @@ def start_policy(r: Run, version: int) -> rollout.Policy:
     """The inference engine on the latest weights (the checkpoint's, else model.path's)."""
     full_ckpt = r.ckpt is not None and not r.cfg.model.lora
     engine = make_engine(r.cfg, r.ckpt / "model" if full_ckpt else r.cfg.model.path, r.device)
+    if r.cfg.engine.kind == "vllm":
+        distributed.check_engine_placement(*engine.placement(), r.device)
     policy = rollout.Policy(engine, r.tok, version=version, template_kwargs=r.rcfg.chat_template_kwargs,
                             tools=r.rcfg.tools)
     if r.ckpt is not None and r.cfg.model.lora:
