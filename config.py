@@ -57,6 +57,17 @@ class DataConfig:
     #                                        "train" = the train vocabulary in new combinations (eval_seed)
     eval_seed: int = 0
     generated_kinds: list = field(default_factory=list)  # tasks.EASY_KINDS to generate (train and eval); [] = all
+    strict_tasks: bool = False             # a malformed task in train_tasks / eval_tasks is an error, not skipped
+
+
+@dataclass
+class EnvConfig:
+    # the three networks of README "Running official Terminal-Bench tasks": default = the daemon's
+    # network where it has one; none; or a docker network name
+    build_network: str = "default"         # image builds (Dockerfiles apt-get / pip install)
+    agent_network: str = "none"            # the agent's container, for tasks that allow_internet; none = always offline
+    grading_network: str = "default"       # joined once the agent's processes are gone, by tasks whose tests fetch their runner
+    multi_reward: str = "mean"             # Harbor reward.json with several keys and no "reward": mean | min | error
 
 
 @dataclass
@@ -119,6 +130,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     rollout: dict = field(default_factory=dict)   # -> rollout.RolloutConfig (checked against it)
     algo: dict = field(default_factory=dict)      # -> algo.AlgoConfig (checked against it)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -256,7 +268,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("engine.kind", cfg.engine.kind, ("vllm", "hf")),
                                ("data.eval_split", cfg.data.eval_split, ("train", "heldout")),
                                ("device", cfg.device, ("auto", "cpu", "cuda")),
-                               ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16"))]:
+                               ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16")),
+                               ("env.multi_reward", cfg.env.multi_reward, ("mean", "min", "error"))]:
         if val not in allowed:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
     if cfg.data.generated_kinds:

@@ -49,6 +49,10 @@ class InfraError(RuntimeError):
     """Docker daemon / image build / container start / test harness failure (not the agent's fault)."""
 
 
+class BuildError(InfraError):
+    """The task's own Dockerfile failed to build: a defect of the task (validate says so), no episode runs."""
+
+
 # --- Container bookkeeping: labels, the registry of live containers, cleanup on every kind of exit ---
 
 def _boot_id() -> str:
@@ -223,6 +227,7 @@ class Terminal:
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
         self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
+        self._networked = False  # joined the grading network
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
         self._layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
         self._home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
@@ -395,23 +400,27 @@ class Terminal:
         only when Docker failed or the harness fails on a fresh container too (tests/test_tampering.py)."""
         t = self.task
         try:
+            exports = self._agent_exports() if t.tests_in_agent_shell else {}
             evidence = [] if t.keep_agent_processes else self._stop_agent()
-            evidence += toolchain_changes(self._changes(), t, self._home)
+            path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":") if d.startswith("/"))
+            evidence += toolchain_changes(self._changes(), t, self._home, _BIN_DIRS + path_dirs)
         except Exception as e:
             return self._failed(e)
         if evidence:
             return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
-        g, harness_failed = self._verify()
+        g, harness_failed = self._verify(exports)
         if harness_failed and self.env is not None and self.env.harness_runs(t):
             return Grade(0.0, False, g.tests, g.output, None, rewards=g.rewards, tampered=(
                 f"{g.infra_error} after the episode, but the harness runs on a fresh container"))
         return g
 
-    def _verify(self) -> tuple[Grade, bool]:
+    def _verify(self, exports: dict | None = None) -> tuple[Grade, bool]:
         """Clean /tests and /logs/verifier, unpack the tests, run them: (grade, the harness failed)."""
         t = self.task
-        env = verifier_env(t)
+        env = {**(exports or {}), **verifier_env(t)}
         try:
+            self._join_grading_network()
+            rc, text = None, ""
             # Start from a clean /tests: nothing the agent left there or in the verifier's output counts.
             clean = "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent"
             tar, code = _tar(t.tests), None
@@ -435,6 +444,18 @@ class Terminal:
                                      "[ -f $f ] && { echo $f; cat $f; exit 0; }; done; exit 3", 30)
         except Exception as e:
             return self._failed(e), False
+        g, harness_failed = self._score(code, out, rc, text)
+        offline = _NO_NETWORK.search(out)
+        if offline and not g.tests and not (g.reward or 0) > 0:  # no test ran: the runner could not be fetched
+            net = self.env.grading_network if self.env else "none"
+            return Grade(None, False, g.tests, g.output, "the test harness could not install itself: no network "
+                         f"({offline.group().strip()[:120]}); grading joins env.grading_network ({net}) for "
+                         "tasks whose tests_need_network"), False
+        return g, harness_failed
+
+    def _score(self, code: int, out: str, rc: int | None, text: str) -> tuple[Grade, bool]:
+        """The grade of a test run's exit code, output and (TB2) reward file: (grade, the harness failed)."""
+        t = self.task
         cap = _Capped(OUTPUT_CAP * 4)
         cap.add(out.encode())
         tests = {m.group(2): m.group(1) for m in re.finditer(
@@ -457,6 +478,27 @@ class Terminal:
         except (ValueError, TypeError, AttributeError) as e:
             return Grade(None, False, tests, output, f"{path}: {e}: {body[:100]!r}"), True
         return Grade(reward, reward >= 1.0, tests, output, None, rewards=rewards), False
+
+    def _join_grading_network(self):
+        """Give the container the grading network, once the agent's processes are gone, when the
+        task's tests fetch their runner and the container has no network yet."""
+        net = self.env.grading_network if self.env else "none"
+        if not self.task.tests_need_network or net == "none" or self.key[4] != "none" or self._networked:
+            return
+        self.client.api.disconnect_container_from_network(self.id, "none")
+        self.client.api.connect_container_to_network(self.id, net)
+        self._networked = True
+
+    def _agent_exports(self) -> dict:
+        """The variables the agent's shell exported (TB1 run_tests_in_same_shell), without those that
+        would load code into the verifier."""
+        r = self.run("export -p", timeout=10)
+        out = {}
+        for m in re.finditer(r'^declare -x ([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"$', r.output, re.M):
+            name, value = m.group(1), re.sub(r"\\(.)", r"\1", m.group(2))
+            if not re.match(r"LD_|PYTHON|PYTEST|BASH_ENV$|ENV$|BASH_FUNC|TEST_DIR$|PS4$|SHELLOPTS$", name):
+                out[name] = value
+        return out
 
     def _failed(self, e: Exception) -> Grade:
         """A Docker error while grading: the agent's doing when its container stopped (it killed the
@@ -547,6 +589,9 @@ def _container_procs(init_pid: int) -> dict | None:
 
 # --- Grading integrity: the verifier's environment, the agent's leftovers, toolchain changes -----
 
+# What a harness prints when it cannot download its runner (curl, pip, uv, apt, DNS).
+_NO_NETWORK = re.compile(r"^.*(Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
+                         r"Failed to establish a new connection|failed to lookup address|dns error).*$", re.M | re.I)
 # Where the verifier's input and output live: a process of the agent that names them is tampering.
 _VERIFIER_PATHS = re.compile(r"/tests\b|/logs/verifier|reward\.(txt|json)")
 # Inside a container whose processes we cannot signal from here: stop, then kill, all but init,
@@ -597,7 +642,7 @@ def _script_words(task: Task) -> tuple[set, set]:
     return words, sourced
 
 
-def toolchain_changes(changes, task: Task, home: str = "/root") -> list[str]:
+def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DIRS) -> list[str]:
     """Evidence that the container's changes against its image reach the verifier's toolchain: the
     harness's programs on PATH, Python's startup hooks and the test runner's package, the dynamic
     loader's config, runner config above /tests, files the test scripts source. A task lists the
@@ -615,7 +660,7 @@ def toolchain_changes(changes, task: Task, home: str = "/root") -> list[str]:
         why = None
         if path.startswith("/etc/ld.so.preload") or path.startswith("/etc/ld.so.conf"):
             why = "the dynamic loader's config"
-        elif path[:len(path) - len(name)] in _BIN_DIRS and (name in programs or re.fullmatch(r"python\d[\d.]*", name)):
+        elif path[:len(path) - len(name)] in bin_dirs and (name in programs or re.fullmatch(r"python\d[\d.]*", name)):
             why = "a program the test harness runs"
         elif name in ("sitecustomize.py", "usercustomize.py") or (name.endswith(".pth") and "python" in path):
             why = "a Python startup hook"
@@ -721,8 +766,9 @@ class Env:
     Warm pool: `warm` started containers are kept ready per container config (image + limits) once
     that config was reset 3 times or passed to warmup(); only the `max_pools` most recent are kept."""
 
-    def __init__(self, warm: int = 0, max_concurrent_starts: int = 4, allow_internet: bool = False,
-                 output_cap: int = OUTPUT_CAP, max_pools: int = 16, multi_reward: str = "mean"):
+    def __init__(self, warm: int = 0, max_concurrent_starts: int = 4, output_cap: int = OUTPUT_CAP,
+                 max_pools: int = 16, multi_reward: str = "mean", build_network: str = "default",
+                 agent_network: str = "none", grading_network: str = "default"):
         import docker  # imported here so task loading works without the docker SDK
         self._docker = docker
         try:
@@ -730,7 +776,19 @@ class Env:
             self.client.ping()
         except Exception as e:
             raise InfraError(f"cannot reach the Docker daemon ({e}); run `bash scripts/setup.sh`") from None
-        self.warm, self.allow_internet, self.output_cap, self.max_pools = warm, allow_internet, output_cap, max_pools
+        self.warm, self.output_cap, self.max_pools = warm, output_cap, max_pools
+        # Three networks (see README "Running official Terminal-Bench tasks"): image builds, the agent's
+        # episode (only tasks that allow_internet, and only when this is not "none"), and grading, joined
+        # once the agent's processes are gone by tasks whose tests install their runner. "default" is the
+        # daemon's bridge where it has one, else none.
+        names = {n["Name"] for n in self.client.api.networks()}
+        resolve = lambda n: ("bridge" if "bridge" in names else "none") if n == "default" else n  # noqa: E731
+        for what, n in [("build", build_network), ("agent", agent_network), ("grading", grading_network)]:
+            if resolve(n) not in names | {"none"}:
+                raise ValueError(f"env.{what}_network {n!r}: no such docker network; `docker network ls` "
+                                 "lists them (or use none / default)")
+        self.build_network = "default" if resolve(build_network) == "bridge" else resolve(build_network)
+        self.agent_network, self.grading_network = resolve(agent_network), resolve(grading_network)
         if multi_reward not in ("mean", "min", "error"):
             raise ValueError(f"multi_reward must be mean, min or error, got {multi_reward!r}")
         self.multi_reward = multi_reward
@@ -793,16 +851,14 @@ class Env:
             for rel, p in files:
                 tar.add(str(p), arcname=rel)
         buf.seek(0)
-        names = {n["Name"] for n in self.client.api.networks()}
         log = []
         try:
             for chunk in self.client.api.build(
                     fileobj=buf, custom_context=True, tag=tag, rm=True, forcerm=True, decode=True,
                     dockerfile=str(task.dockerfile.relative_to(task.build_context)), labels={LABEL: "1"},
-                    network_mode="default" if (task.allow_internet and self.allow_internet and "bridge" in names) else "none",
-                    timeout=int(task.build_timeout_s)):
+                    network_mode=self.build_network, timeout=int(task.build_timeout_s)):
                 if "error" in chunk:
-                    raise InfraError(f"building {task.name} ({task.dockerfile}) failed: {chunk['error'].strip()}\n"
+                    raise BuildError(f"building {task.name} ({task.dockerfile}) failed: {chunk['error'].strip()}\n"
                                      + "".join(log[-20:]))
                 log.append(chunk.get("stream", ""))
         except InfraError:
@@ -812,15 +868,16 @@ class Env:
 
     # -- containers ----------------------------------------------------------------------------
     def _key(self, task: Task) -> tuple:
-        net = "bridge" if (task.allow_internet and self.allow_internet) else "none"
-        return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir)
+        net = self.agent_network if task.allow_internet else "none"
+        return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir, tuple(sorted(task.env.items())))
 
     def _start(self, key: tuple) -> Terminal:
-        image, memory_mb, cpus, pids, net, workdir = key
+        image, memory_mb, cpus, pids, net, workdir, variables = key
         with self._starts:
             try:
                 c = self.client.api.create_container(
                     image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir, labels=_owner_labels(),
+                    environment=dict(variables),
                     hostname="termrl", host_config=self.client.api.create_host_config(
                         init=True, network_mode=net, mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
                         nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"], cap_add=CAPS,
@@ -946,10 +1003,11 @@ def run_oracle(env: Env, task: Task, noop: bool = False) -> Grade:
         return term.grade()
 
 
-def validate_task(env: Env, path, k: int = 3) -> dict:
-    """The paper's instance filter: the oracle passes k times in a row and doing nothing fails."""
+def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4) -> dict:
+    """The paper's instance filter: the oracle passes k times in a row and doing nothing fails; then
+    flake_runs more oracle episodes, `load` at a time, give the flake rate a 1-in-10 flake shows in."""
     row = {"task": Path(path).name if not isinstance(path, Task) else path.name, "status": "ok",
-           "oracle": [], "noop": None, "build_s": None, "error": None}
+           "oracle": [], "noop": None, "build_s": None, "error": None, "flake_rate": None}
     try:
         task = path if isinstance(path, Task) else load_task(path)
         t0 = time.monotonic()
@@ -964,15 +1022,32 @@ def validate_task(env: Env, path, k: int = 3) -> dict:
             if g.infra_error:
                 raise InfraError(f"oracle run: {g.infra_error}")
             row["oracle"].append(g.reward)
+            if g.tampered:
+                row["status"], row["error"] = "oracle_flagged", (
+                    f"the oracle's episode is flagged as tampering: {g.tampered}; list the paths its solution "
+                    "must change in verifier_changes_ok, or set keep_agent_processes if its tests need a "
+                    "service it started")
+                return row
             if not g.passed:
                 row["error"] = "oracle failed: " + g.output[-600:]
                 break
+        if not row["error"] and flake_runs:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(load) as pool:
+                grades = list(pool.map(lambda _: run_oracle(env, task), range(flake_runs)))
+            failed = [g for g in grades if not g.passed]
+            row["flake_rate"] = len(failed) / flake_runs
+            if failed:
+                row["error"] = (f"oracle failed {len(failed)} of {flake_runs} runs under load {load}: "
+                                + (failed[0].infra_error or failed[0].output[-600:]))
         if row["error"]:
-            row["status"] = "oracle_fails" if len(row["oracle"]) == 1 else "flaky"
+            row["status"] = "oracle_fails" if len(row["oracle"]) == 1 and not row["flake_rate"] else "flaky"
         elif row["noop"] and row["noop"] > 0:
             row["status"], row["error"] = "noop_passes", "doing nothing already earns reward"
     except TaskError as e:
         row["status"], row["error"] = "malformed", str(e)
+    except BuildError as e:  # the task's own Dockerfile: a defect of the task, with the build log's tail
+        row["status"], row["error"] = "build_fails", str(e)
     except InfraError as e:
         row["status"], row["error"] = "infra_error", str(e)
     return row
@@ -987,15 +1062,16 @@ def _validate_main(args) -> int:
     if not paths:
         print(f"no tasks found under {args.tasks}", file=sys.stderr)
         return 2
-    with Env(max_concurrent_starts=args.jobs) as env, ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(tqdm(pool.map(lambda p: validate_task(env, p, args.k), paths), total=len(paths),
-                         desc="validate", unit="task"))
+    with Env(max_concurrent_starts=args.jobs, **_env_kwargs(args)) as env, ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(tqdm(pool.map(lambda p: validate_task(env, p, args.k, args.flake_runs, args.load), paths),
+                         total=len(paths), desc="validate", unit="task"))
     w = max(len(r["task"]) for r in rows)
-    print(f"\n{'task':<{w}}  {'status':<12} {'build_s':>7}  {'noop':>4}  oracle")
+    print(f"\n{'task':<{w}}  {'status':<14} {'build_s':>7}  {'noop':>4}  {'flake':>5}  oracle")
     for r in rows:
         oracle = " ".join(f"{x:g}" for x in r["oracle"]) or "-"
-        print(f"{r['task']:<{w}}  {r['status']:<12} {r['build_s'] if r['build_s'] is not None else '-':>7}  "
-              f"{r['noop'] if r['noop'] is not None else '-':>4}  {oracle}")
+        flake = f"{r['flake_rate']:.0%}" if r["flake_rate"] is not None else "-"
+        print(f"{r['task']:<{w}}  {r['status']:<14} {r['build_s'] if r['build_s'] is not None else '-':>7}  "
+              f"{r['noop'] if r['noop'] is not None else '-':>4}  {flake:>5}  {oracle}")
     bad = [r for r in rows if r["status"] != "ok"]
     for r in bad:
         print(f"\n{r['task']}: {r['status']}: {r['error']}")
@@ -1006,11 +1082,18 @@ def _validate_main(args) -> int:
     return 1 if bad else 0
 
 
+def _env_kwargs(args) -> dict:
+    return {"build_network": args.build_network, "agent_network": args.agent_network,
+            "grading_network": args.grading_network}
+
+
 def _shell_main(args) -> int:
     task = load_task(args.task)
-    with Env() as env:
+    with Env(**_env_kwargs(args)) as env:
         image = env.image(task)
-    cmd = ["docker", "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", "none",
+        net = env._key(task)[4]
+    cmd = ["docker", "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,
+           *[f"-e{k}={v}" for k, v in task.env.items()],
            "--label", f"{LABEL}=1", "--cap-drop", "ALL", *[f"--cap-add={c}" for c in CAPS],
            "--memory", f"{task.memory_mb}m", "--pids-limit", str(task.pids), "-w", task.workdir,
            "--entrypoint", "bash", image]
@@ -1027,8 +1110,19 @@ def main(argv=None) -> int:
     v.add_argument("--json", help="write the per-task results here")
     v.add_argument("--jobs", type=int, default=2, help="tasks validated in parallel")
     v.add_argument("--easy", type=int, default=0, help="also validate this many generated easy tasks")
+    v.add_argument("--flake-runs", type=int, default=0,
+                   help="after k passes, this many more oracle runs; a 1-in-10 flake needs ~30 to show")
+    v.add_argument("--load", type=int, default=4, help="the flake runs go this many at a time (concurrent load)")
     s = sub.add_parser("shell", help="open an interactive shell in a task's container")
     s.add_argument("task")
+    for p in (v, s):
+        p.add_argument("--build-network", default="default",
+                       help="network of image builds: default (the daemon's), none, or a network name")
+        p.add_argument("--agent-network", default="none",
+                       help="network of the agent's container for tasks that allow_internet (none: always offline)")
+        p.add_argument("--grading-network", default="default",
+                       help="network joined for grading, after the agent's processes are gone, by tasks whose "
+                            "tests_need_network")
     args = ap.parse_args(argv)
     try:
         return _validate_main(args) if args.cmd == "validate" else _shell_main(args)

@@ -722,12 +722,12 @@ def cmd_run(args):
     cfg = config.load_config(args.config, args.set)
     rcfg = config.rollout_cfg(cfg)
     # no --tasks: the config's held-out set, exactly as train.py's periodic eval draws it
-    tasks = load_tasks(args.tasks) if args.tasks else train.load_task_sets(cfg)[1]
+    tasks = load_tasks(args.tasks, strict=cfg.data.strict_tasks) if args.tasks else train.load_task_sets(cfg)[1]
     policy, model = build_policy(cfg, rcfg, args.model, args.policy)
     settings = sampling_settings(rcfg, model, args.tasks or f"{cfg.data.eval_tasks} "
                                  f"(config data.eval_tasks)")
     try:
-        with train.make_env() as e:
+        with train.make_env(cfg) as e:
             summary = evaluate_policy(tasks, policy, e, rcfg, args.k, args.out, settings)
     finally:
         policy.close()

@@ -107,9 +107,11 @@ def sync_gap(model, policy, batch, cfg: Config, device: str, n: int = 2) -> dict
 # Docker
 
 
-def make_env():
+def make_env(cfg: Config):
     try:
-        return env.Env()
+        return env.Env(**dataclasses.asdict(cfg.env))
+    except ValueError as e:  # a setting of the config's env section
+        raise SystemExit(f"config: {e}") from None
     except Exception as e:  # docker SDK errors differ by cause; the fix is the same
         raise SystemExit(f"Docker is not reachable ({type(e).__name__}: {e}). Start the daemon (dockerd or "
                          f"`systemctl start docker`) and make sure this user may use /var/run/docker.sock.")
@@ -172,7 +174,7 @@ def setup(cfg: Config, resume: bool) -> Run:
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = learner.load_model(cfg, device, ckpt)
     ref_model = learner.load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
-    terminals = make_env()
+    terminals = make_env(cfg)
     if world > 1:
         model = distributed.wrap_parallel(model, cfg, device, learner.compute_dtype(cfg, device))
     return Run(cfg, device, rank, world, out, rcfg, acfg, train_tasks, eval_tasks, ckpt, state,

@@ -56,7 +56,7 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     policy = rollout.Policy(train.make_engine(cfg, a.model, "cpu"), tok,
                             template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools)
-    env = train.make_env()
+    env = train.make_env(cfg)
     if a.sgd:
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)

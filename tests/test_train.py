@@ -472,7 +472,7 @@ def test_short_run_then_sigkill_and_resume_keeps_data_order(tiny_model_dir, tmp_
     assert all(r["loss"] == r["loss"] and "reward" in r and r["tokens"] > 0 for r in rl)  # finite loss
     assert any(r["phase"] == "sft" for r in recs) and any(r["phase"] == "eval" for r in recs)
     assert all(r["sync_gap"] < 0.05 for r in rl if "sync_gap" in r)
-    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000002", "step_000003"]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000000", "step_000002", "step_000003"]  # step 0: the SFT-only start, always kept
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000003"
     assert (out / "summary.txt").exists() and (out / "trajectories.jsonl").exists()
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib is a requirement
