@@ -39,14 +39,39 @@ def pick_device(cfg) -> str:
 
 
 def check_model_path(cfg):
+    """A local model directory, or a hub id (org/name) that is cached or reachable: said at once,
+    with what to do, instead of transformers' OSError after its retries (test_rundir.py)."""
     if cfg.model.build_tiny:
         return
-    p = Path(cfg.model.path)
-    hub_id = not p.exists() and cfg.model.path.count("/") == 1 and not cfg.model.path.startswith((".", "/"))
-    if not hub_id and not (p / "config.json").exists():
-        raise SystemExit(f"model.path {cfg.model.path!r} is not a model directory (no config.json). Point "
-                         f"model.path at a Hugging Face model directory or a hub id (org/name), or set "
-                         f"model.build_tiny: true to build the tiny CPU model there.")
+    path = cfg.model.path
+    p = Path(path).expanduser()
+    if (p / "config.json").exists():
+        return
+    hint = ("Point model.path at a local Hugging Face model directory, or a hub id (org/name), or set "
+            "model.build_tiny: true to build the tiny CPU model there.")
+    if p.exists() or path.count("/") != 1 or path.startswith((".", "/", "~")):
+        raise SystemExit(f"model.path {path!r}: " + (f"{p} is not a model directory (no config.json). " if p.exists()
+                         else f"{p.resolve()} does not exist. ") + hint)
+    problem = _hub_model_problem(path)
+    if problem:
+        raise SystemExit(f"model.path {path!r} is not a local directory ({p.resolve()} does not exist), and as a "
+                         f"Hugging Face hub id: {problem}. Point model.path at a local model directory; or, on a "
+                         f"machine with network, `huggingface-cli download {path}` and copy its cache here, then "
+                         f"set HF_HUB_OFFLINE=1 so nothing is looked up online.")
+
+
+def _hub_model_problem(repo_id: str) -> str | None:
+    """Why `repo_id` cannot be loaded from the Hugging Face cache or the hub, or None."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache  # only a hub id needs it
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return f"HF_HUB_OFFLINE is set and it is not in the cache ({constants.HF_HUB_CACHE})"
+    try:
+        HfApi().model_info(repo_id, timeout=10)  # one short try: no network means seconds, not a minute
+    except Exception as e:  # noqa: BLE001 -- connection, DNS, 401/404: all mean "cannot get it"
+        return f"not in the cache ({constants.HF_HUB_CACHE}) and the hub did not answer for it ({type(e).__name__}: {e})"
+    return None
 
 
 def compute_dtype(cfg, device: str):

@@ -8,7 +8,7 @@
 
 One RL step, as in ROLL's agentic pipeline (arXiv 2512.24873, §3), is `run`'s loop: rollout (engine
 awake) -> advantages -> engine sleeps -> update in token-budget micro-batches -> sync weights into
-the engine -> sync check -> eval now and then -> checkpoint -> log. The optimizer step is
+the engine -> sync check -> eval now and then -> log -> checkpoint. The optimizer step is
 learner.py's, SFT sft.py's, the math algo.py's, episodes rollout.py's, config keys config.py's,
 the run directory rundir.py's. `train.mode: async` rolls out in a background thread while the
 trainer steps, dropping trajectories more than `train.max_staleness` policy versions old.
@@ -41,7 +41,8 @@ import rollout
 import sft
 import tiny
 from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, rollout_cfg
-from rundir import RunLog, latest_checkpoint, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
+import rundir
+from rundir import RunLog, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
 from tasks import load_task_sets
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # episode threads share the tokenizer; its pool would warn at every fork
@@ -143,7 +144,7 @@ class Run:
     env: env.Env
 
 
-def setup(cfg: Config, resume: bool) -> Run:
+def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     """Device and ranks, seeds, tasks, the tiny model when asked, the checkpoint to resume, the log,
     tokenizer, model and Docker."""
     device = learner.pick_device(cfg)
@@ -152,6 +153,9 @@ def setup(cfg: Config, resume: bool) -> Run:
         raise SystemExit(f"{world} ranks each train on a share of every batch: train.tasks_per_step "
                          f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be >= {world}")
     out = Path(cfg.out_dir)
+    rundir.claim_run_dir(out, resume, restart, move=rank == 0)
+    if world > 1:
+        torch.distributed.barrier()  # rank 0 has moved the old run aside before anyone writes
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -166,8 +170,7 @@ def setup(cfg: Config, resume: bool) -> Run:
     if world > 1:
         torch.distributed.barrier()
     learner.check_model_path(cfg)
-    ckpt = latest_checkpoint(out / "checkpoints") if resume else None
-    state = torch.load(ckpt / "trainer.pt", weights_only=False) if ckpt else {}
+    ckpt, state = rundir.resume_checkpoint(out / "checkpoints") if resume else (None, {})
     if rank == 0:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
@@ -195,6 +198,7 @@ def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
     full = distributed.full_state_dict(r.model)  # collective under FSDP: every rank takes part
     root = r.out / "checkpoints"
     if r.rank == 0:
+        rundir.stop_if_non_finite(step, weights=full)
         save_checkpoint(root, step, lambda d: learner.save_model(r.model, r.tok, d, full), st, cfg.checkpoint.keep_last)
     if r.world > 1:
         torch.distributed.barrier()
@@ -345,9 +349,9 @@ def finish(r: Run, t_start: float) -> dict:
 # the run
 
 
-def run(cfg: Config, resume: bool = False) -> dict:
+def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     t_start = time.time()
-    r = setup(cfg, resume)
+    r = setup(cfg, resume, restart)
     sft_opt = warm_start(r)
     start = r.state.get("step", 0)
     opt, sched = rl_optimizer(r, sft_opt)
@@ -357,7 +361,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     model, log, world, rank = r.model, r.log, r.world, r.rank
     traj_file = r.out / (f"trajectories.rank{rank}.jsonl" if world > 1 else "trajectories.jsonl")
 
-    eval_succ = None
+    eval_succ, t_ckpt = None, 0.0
     if r.eval_tasks and cfg.eval.at_start and not distributed.from_rank0(
             any(x.get("phase") == "eval" and x["step"] == start for x in log.records), world):
         eval_succ, _ = heldout_eval(r, policy, start)
@@ -385,6 +389,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
                 learner.fill_ref_logprobs(model, r.ref_model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
                 m = learner.rl_step(model, opt, sched, batch, adv, r.acfg, cfg.train, r.rcfg.temperature)
+                rundir.stop_if_non_finite(step + 1, m)
         t_train = time.time() - t0
 
         # 5. sync weights into the engine, 6. check the engine now computes what the trainer does
@@ -398,13 +403,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
         if r.eval_tasks and ((cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps):
             eval_succ, t_eval = heldout_eval(r, policy, done)
 
-        # 8. checkpoint
-        t0 = time.time()
-        if done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
-            checkpoint(r, done, opt, sched)
-        t_ckpt = time.time() - t0
-
-        # 9. log: one line per step
+        # 8. log: one line per step
         rec = {"phase": "rl", "step": done, "reward": reward, "success": success, "tasks": [t.name for t in tasks],
                "episodes": len(trajs), "dropped_stale": n_stale, "policy_version": policy.version, **m,
                "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
@@ -414,6 +413,13 @@ def run(cfg: Config, resume: bool = False) -> dict:
                **rank_times(world, trajs, t_roll, t_train)}
         if rank == 0:
             log.log(rec)
+
+        # 9. checkpoint, after the step's records: it notes the logs' sizes and a resume cuts them
+        # back to those, so a kill between the two neither loses the record nor repeats it
+        t0 = time.time()
+        if done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
+            checkpoint(r, done, opt, sched)
+        t_ckpt = time.time() - t0  # logged with the next step
         bar.set_postfix(reward=f"{reward:.2f}", success=f"{success:.0%}",
                         eval="-" if eval_succ is None else f"{eval_succ:.0%}")
     stop.set()
@@ -470,7 +476,9 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set train.lr=1e-5 (repeatable)")
     ap.add_argument("--dry-run", action="store_true", help="check config, tasks, model path, docker; do not train")
-    ap.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/latest")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in <out_dir>/checkpoints")
+    ap.add_argument("--restart", action="store_true",
+                    help="start over in an out_dir that holds a run: the old one is moved to <out_dir>.<date-time>")
     a = ap.parse_args(argv)
     try:
         cfg = load_config(a.config, a.set)
@@ -478,7 +486,7 @@ def main(argv=None):
         raise SystemExit(f"config error: {e}")
     if a.dry_run:
         raise SystemExit(dry_run(cfg))
-    run(cfg, resume=a.resume)
+    run(cfg, resume=a.resume, restart=a.restart)
 
 
 if __name__ == "__main__":
