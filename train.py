@@ -763,20 +763,28 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
             for s in range(start, cfg.train.steps):
                 if stop.is_set():
                     return
-                item = rollout_step(s)
+                try:
+                    item = rollout_step(s)
+                except BaseException as e:  # noqa: BLE001 -- e.g. the engine failed: the trainer's get() raises it
+                    item = e
                 while not stop.is_set():
                     try:
                         produced.put(item, timeout=0.5)
                         break
                     except queue.Full:
                         pass
+                if isinstance(item, BaseException):
+                    return
         threading.Thread(target=producer, name="rollout-producer", daemon=True).start()
 
     bar = tqdm(range(start, cfg.train.steps), desc="rl", initial=start, total=cfg.train.steps, disable=rank != 0)
     for step in bar:
         # 1. rollout (engine awake)
         if produced is not None:
-            s, tasks, trajs, t_roll, t_gen = produced.get()
+            item = produced.get()
+            if isinstance(item, BaseException):
+                raise item
+            s, tasks, trajs, t_roll, t_gen = item
             assert s == step, f"async producer is at step {s}, trainer at {step}"
             trajs, n_stale = rollout.drop_stale(trajs, policy.version, cfg.train.max_staleness)
         else:
