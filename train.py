@@ -912,13 +912,14 @@ def main(argv=None):
     ap.add_argument("--restart", action="store_true",
                     help="start over in an out_dir that holds a run: the old one is moved to <out_dir>.<date-time>")
     a = ap.parse_args(argv)
-    try:
-        cfg = load_config(a.config, a.set)
-    except ConfigError as e:
-        raise SystemExit(f"config error: {e}")
-    if a.dry_run:
-        raise SystemExit(dry_run(cfg))
-    run(cfg, resume=a.resume, restart=a.restart)
+    with distributed.error_said_once():
+        try:
+            cfg = load_config(a.config, a.set)
+        except ConfigError as e:
+            raise SystemExit(f"config error: {e}")
+        if a.dry_run:
+            raise SystemExit(dry_run(cfg))
+        run(cfg, resume=a.resume, restart=a.restart)
 
 
 if __name__ == "__main__":
