@@ -4,8 +4,8 @@
     python bench/bench_logprobs.py --T 4096 --modes full chunked
 
 B x T x V = 1 x T x 151936 (Qwen3's vocabulary) with a 1-layer, 64-wide Qwen3 so the output head
-dominates. "full": model(...).logits then algo.token_logprobs (what train.update did: [B,T,V]
-logits plus the blocks autograd keeps for backward). "chunked": train.model_logprobs (hidden states
+dominates. "full": model(...).logits then algo.token_logprobs (what learner.optimizer_step did: [B,T,V]
+logits plus the blocks autograd keeps for backward). "chunked": learner.model_logprobs (hidden states
 through the head in checkpointed time blocks, algo.linear_token_logprobs). Each case runs in a
 fresh process; peak = the process's max RSS minus its RSS just before the forward.
 """
@@ -31,7 +31,7 @@ def one(mode: str, T: int, V: int, bf16: bool) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
     import algo
-    import train
+    import learner
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                       num_attention_heads=1, num_key_value_heads=1, head_dim=64, tie_word_embeddings=False,
@@ -45,7 +45,7 @@ def one(mode: str, T: int, V: int, bf16: bool) -> dict:
     if mode == "full":
         lp, _ = algo.token_logprobs(model(input_ids=ids, use_cache=False).logits, ids)
     else:
-        lp, _ = train.model_logprobs(model, ids)
+        lp, _ = learner.model_logprobs(model, ids)
     lp.sum().backward()
     dt = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -25,6 +25,13 @@ def pytest_configure(config):
 FIXTURE_TASKS = ROOT / "tests" / "fixtures"   # tiny TB1 (tb1-hello) and TB2 (tb2-partial) tasks
 
 
+def own_containers(client, memory_mb: int) -> list[str]:
+    """Ids of this process's containers with that memory limit. A leak check gives its tasks a
+    memory limit no other test uses, so the session Env's warm pools never count."""
+    return [c["Id"] for c in client.api.containers(all=True, filters={"label": f"termrl.pid={os.getpid()}"})
+            if client.api.inspect_container(c["Id"])["HostConfig"]["Memory"] == memory_mb << 20]
+
+
 @pytest.fixture(scope="session")
 def docker_env():
     """The one Env of the test session (warm pool of 2 per container config); built images persist."""

@@ -1,6 +1,7 @@
 """evaluate.py: estimators against hand-computed values, curation of a crafted evaluation,
 behaviour flags on crafted trajectories, and end-to-end runs through the real agent loop."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -328,14 +329,21 @@ def test_infra_failures_are_not_scored_and_are_retried(docker_env, easy_tasks, t
 
 
 def test_cli_run_then_curate(tiny_model_dir, tmp_path, capsys):
-    """`evaluate.py run` end to end (config, task loading, scripted oracle, Env), then curate."""
-    from conftest import FIXTURE_TASKS
+    """`evaluate.py run` end to end (config, task loading, scripted oracle, Env), then curate. It
+    leaves no container behind (bug: an Env or an episode not closed when the run returns keeps
+    containers alive in a long-lived process, e.g. a notebook or train.py's eval); the task gets a
+    memory limit of its own so that only this run's containers count."""
+    import docker
+    from conftest import FIXTURE_TASKS, own_containers
+    task = shutil.copytree(FIXTURE_TASKS / "tb1-hello", tmp_path / "tb1-hello")
+    (task / "task.yaml").write_text((task / "task.yaml").read_text() + "memory_mb: 323\n")
     cfg = tmp_path / "eval.yaml"
     cfg.write_text(f"model:\n  path: {tiny_model_dir}\nrollout:\n  max_turns: 6\n"
                    f"  temperature: 0.7\n  num_workers: 2\n")
     out = tmp_path / "run"
-    ev.main(["run", "--config", str(cfg), "--tasks", str(FIXTURE_TASKS / "tb1-hello"), "--k", "2",
+    ev.main(["run", "--config", str(cfg), "--tasks", str(task), "--k", "2",
              "--policy", "oracle", "--out", str(out), "--set", "rollout.top_k=20"])
+    assert own_containers(docker.from_env(), 323) == []
     text = capsys.readouterr().out
     assert "OVERALL" in text and "no loops, no forbidden or destructive commands" in text
     s = json.loads((out / "eval.json").read_text())

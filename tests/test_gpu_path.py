@@ -69,13 +69,14 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
     compute every weight that gets a gradient moves, and the engine's log-probs after the sync
     still match the trainer's (engine fp32 here; the trainer computes in bf16)."""
     import config
+    import learner
     import rollout
     import train
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
         f"model.path={tiny_model_dir}", "model.build_tiny=false", "model.dtype=bfloat16", "model.lora=false",
         "model.gradient_checkpointing=false", "train.lr=1e-6", "train.warmup_steps=0", "train.grad_clip=0",
         "train.weight_decay=0", "train.micro_batch_tokens=4096"])
-    model = train.load_model(cfg, "cpu")
+    model = learner.load_model(cfg, "cpu")
     with torch.no_grad():
         probe = model(input_ids=torch.tensor([[5, 6, 7]])).logits
     assert probe.dtype == torch.bfloat16  # the compute
@@ -88,10 +89,10 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
         return hook
     for n, p in model.named_parameters():
         p.register_hook(note(n))
-    opt, sched = train.make_optimizer(model, 1e-6, 0.0, cfg.train.adam_betas, 0, 10, "constant")
+    opt, sched = learner.make_optimizer(model, 1e-6, 0.0, cfg.train.adam_betas, 0, 10, "constant")
     batch = rollout.make_batch(_fake_trajectories(4, 48, model.config.vocab_size), 0)
     for _ in range(10):
-        train.update(model, opt, sched, batch, None, cfg, sft=True)
+        learner.sft_step(model, opt, sched, batch, cfg.train)
     moved = {n: p.detach() != start[n] for n, p in model.named_parameters()}
     trained = sum(int(g.sum()) for g in got_grad.values())
     frac = sum(int((moved[n] & got_grad[n]).sum()) for n in moved) / trained
@@ -103,7 +104,7 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
     policy = rollout.Policy(vllm_engine, _tokenizer(tiny_model_dir))
     try:
         train.sync_weights(model, policy, cfg, tmp_path, 1)
-        gap = train.check_sync(model, policy, batch, n=1)  # several at once trip punica_cpu with LoRA enabled
+        gap = train.sync_gap(model, policy, batch, cfg, "cpu", n=1)  # several at once trip punica_cpu with LoRA enabled
         assert gap["sync/mean_abs_logprob_gap"] < 0.02 and gap["sync/max_abs_logprob_gap"] < 0.2, gap
     finally:
         from transformers import AutoModelForCausalLM
@@ -124,8 +125,8 @@ def test_trainer_logprobs_match_the_engine_under_top_k_top_p(vllm_engine, tiny_m
     top-k, top-p applied), the trainer computed a full softmax, so with top_k every π/μ was <= 1 and
     the mismatch masks acted on the gap. The trainer's log-probs, computed over the same support
     (model_logprobs with top_k/top_p), now equal the engine's token by token."""
+    import learner
     import rollout
-    import train
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     prompt = list(range(40, 70))
@@ -135,8 +136,8 @@ def test_trainer_logprobs_match_the_engine_under_top_k_top_p(vllm_engine, tiny_m
         ids = torch.tensor([prompt + c.token_ids])
         mu = torch.tensor(c.logprobs)
         with torch.no_grad():
-            lp, _ = train.model_logprobs(model, ids, temperature=temp, top_k=top_k, top_p=top_p)
-            full, _ = train.model_logprobs(model, ids, temperature=temp)
+            lp, _ = learner.model_logprobs(model, ids, temperature=temp, top_k=top_k, top_p=top_p)
+            full, _ = learner.model_logprobs(model, ids, temperature=temp)
         pi, pi_full = lp[0, len(prompt):], full[0, len(prompt):]
         assert (pi - mu).abs().max() < 1e-3, (temp, top_k, top_p, (pi - mu).abs().max())
         assert (pi_full - mu).abs().max() > 0.05  # what the trainer computed before: another distribution
@@ -146,7 +147,7 @@ def test_chunked_head_logprobs_equal_full_logits_with_gradients():
     """model_logprobs never builds [B,T,V] logits (checkpointed blocks through the output head);
     its log-probs, entropies and gradients equal the full-logits computation's."""
     import algo
-    import train
+    import learner
     from transformers import AutoModelForCausalLM, Qwen3Config
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -158,7 +159,7 @@ def test_chunked_head_logprobs_equal_full_logits_with_gradients():
         model.zero_grad()
         kw = dict(temperature=0.8, top_k=50, top_p=0.9, with_entropy=True, entropy_grad=True, block_size=7)
         if chunked:
-            lp, ent = train.model_logprobs(model, ids, **kw)
+            lp, ent = learner.model_logprobs(model, ids, **kw)
         else:
             lp, ent = algo.token_logprobs(model(input_ids=ids).logits, ids, **kw)
         (lp.sum() + ent.sum()).backward()
