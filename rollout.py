@@ -44,7 +44,7 @@ from env import InfraError
 from tasks import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
-                  "env_error", "episode_timeout", "invalid_tool_calls")
+                  "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead")
 
 SYSTEM_PROMPT = (
     "You are an autonomous agent solving a task in a Linux terminal (bash, no internet access). "
@@ -854,6 +854,9 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                 traj.metrics["commands"] += 1
                 timeouts = timeouts + 1 if result.timed_out else 0
                 traj.metrics["command_timeouts"] += int(result.timed_out)
+                if term.dead:  # the agent made its container unusable (env.Terminal.dead): graded as a failure
+                    finish = "terminal_dead"
+                    break
                 if result.timed_out and time.monotonic() >= deadline:
                     finish = "episode_timeout"
                     break
@@ -972,9 +975,10 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
                 bar.update(1)
                 if len(kept[gi]) == G:
                     cancels[gi].set()
-        except BaseException:  # an episode raised (e.g. the engine failed): end the others at their next turn
-            for c in cancels:
+        except BaseException:  # an episode raised (e.g. the engine failed), Ctrl-C or SIGTERM: start no
+            for c in cancels:  # more episodes, end the running ones at their next turn
                 c.set()
+            pool.shutdown(wait=False, cancel_futures=True)
             raise
         finally:
             bar.close()
