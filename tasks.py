@@ -19,6 +19,7 @@ import yaml
 
 BASE_IMAGE = "termrl-base:bookworm"  # the image generated tasks run in (scripts/setup.sh builds it)
 DEFAULT_MEMORY_MB, DEFAULT_CPUS, DEFAULT_PIDS = 2048, 1.0, 512
+DEFAULT_DISK_MB = 4096  # a container's writable layer: 16 episodes at once stay under 64 GiB of host disk
 
 
 class TaskError(ValueError):
@@ -47,6 +48,7 @@ class Task:
     memory_mb: int = DEFAULT_MEMORY_MB
     cpus: float = DEFAULT_CPUS
     pids: int = DEFAULT_PIDS
+    disk_mb: int = DEFAULT_DISK_MB    # the container's writable layer (env.py enforces it; README "Disk cap")
     allow_internet: bool = False
     metadata: dict = field(default_factory=dict)
     # Grading integrity opt-outs, for tasks whose legitimate solution needs them (env.Terminal.grade):
@@ -363,6 +365,27 @@ def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None)
             agent_timeout_s=120, test_timeout_s=30, memory_mb=256, cpus=1.0, pids=128,
             metadata={"kind": kind, "split": split, "seed": seed, "index": i}))
     return tasks
+
+
+def load_task_sets(cfg) -> tuple[list[Task], list[Task]]:
+    """(train tasks, eval tasks) of a run config's `data:` section (eval capped at eval.num_tasks)."""
+    d = cfg.data
+    kinds = d.generated_kinds or None
+    if d.train_tasks == "generated":
+        train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
+    else:
+        train = load_tasks(d.train_tasks, strict=d.strict_tasks)
+    if d.eval_tasks == "generated":
+        held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
+        seen = {t.instruction for t in train}
+        held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
+    elif d.eval_tasks:
+        held = load_tasks(d.eval_tasks, strict=d.strict_tasks)
+    else:
+        held = []
+    if not train:
+        raise SystemExit(f"data.train_tasks {d.train_tasks!r} gave no tasks")
+    return train, held[: cfg.eval.num_tasks]
 
 
 # --- Oracle solutions as a sequence of commands --------------------------------------------------
