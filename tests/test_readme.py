@@ -114,6 +114,11 @@ RULES = {
         Rule(gpu=True, replace=[("--nproc-per-node 8", "--nproc-per-node 2")], check=_check_no_gpu_once),
     "python bench/compare_algos.py": Rule(append="--seeds 0 --variants grpo " + SHORT + " --set train.steps=1 --set eval.every=0",
                                           check=lambda r, clone: (clone / "runs" / "compare-tiny" / "compare.md").exists()),
+    "python scripts/get_smollm2.py": Rule(check=lambda r, clone: Path(r.stdout.split()[-1], "config.json").exists()),
+    "python train.py --config configs/smollm2-cpu.yaml": Rule(
+        append=SHORT + " --set train.steps=1 --set rollout.max_tokens_per_turn=32 --set eval.every=0",
+        needs=["python scripts/get_smollm2.py"],
+        check=lambda r, clone: (clone / "runs" / "smollm2-cpu" / "summary.txt").exists()),
     "python env.py validate tasks/ --k 3 --json validate.json":
         Rule(replace=[("tasks/ ", "tasks/fix-json-config ")], append="--k 1",
              check=lambda r, clone: json.loads((clone / "validate.json").read_text())["tasks"][0]["status"] == "ok"),
