@@ -116,7 +116,7 @@ RULES = {
                                           check=lambda r, clone: (clone / "runs" / "compare-tiny" / "compare.md").exists()),
     "python scripts/get_smollm2.py": Rule(check=lambda r, clone: Path(r.stdout.split()[-1], "config.json").exists()),
     "python train.py --config configs/smollm2-cpu.yaml": Rule(
-        append=SHORT + " --set train.steps=1 --set rollout.max_tokens_per_turn=32 --set eval.every=0",
+        append=SHORT + " --set train.steps=1 --set eval.every=0",
         needs=["python scripts/get_smollm2.py"],
         check=lambda r, clone: (clone / "runs" / "smollm2-cpu" / "summary.txt").exists()),
     "python env.py validate tasks/ --k 3 --json validate.json":
