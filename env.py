@@ -409,6 +409,8 @@ class Terminal:
         if evidence:
             return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
         g, harness_failed = self._verify(exports)
+        if harness_failed and (why := self.agent_stopped()):
+            return Grade(0.0, False, g.tests, g.output, None, tampered=why)
         if harness_failed and self.env is not None and self.env.harness_runs(t):
             return Grade(0.0, False, g.tests, g.output, None, rewards=g.rewards, tampered=(
                 f"{g.infra_error} after the episode, but the harness runs on a fresh container"))
@@ -500,14 +502,20 @@ class Terminal:
                 out[name] = value
         return out
 
-    def _failed(self, e: Exception) -> Grade:
-        """A Docker error while grading: the agent's doing when its container stopped (it killed the
-        process that keeps the container up), else the daemon's (infra_error)."""
+    def agent_stopped(self) -> str | None:
+        """Evidence when Docker answers but the container no longer runs: the agent killed the process
+        that keeps it up, its failure rather than the daemon's (tests/test_tampering.py)."""
         with contextlib.suppress(Exception):
             state = self.client.api.inspect_container(self.id)["State"]
             if not state.get("Running"):
-                return Grade(0.0, False, {}, "", None, tampered=(
-                    f"the container stopped during the episode (exit code {state.get('ExitCode')})"))
+                return f"the container stopped during the episode (exit code {state.get('ExitCode')})"
+        return None
+
+    def _failed(self, e: Exception) -> Grade:
+        """A Docker error while grading: reward 0 and flagged when the agent stopped the container,
+        else an infra_error."""
+        if why := self.agent_stopped():
+            return Grade(0.0, False, {}, "", None, tampered=why)
         return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}")
 
     def _stop_agent(self) -> list[str]:
@@ -605,6 +613,7 @@ RUNNER_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 _HARNESS_PROGRAMS = {"bash", "sh", "dash", "env", "timeout", "python", "python3", "pytest", "pytest-3",
                      "py.test", "pip", "pip3", "uv", "uvx"}
 _RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py", "pluggy.py"}
+_INSTALLER_CONFIGS = {"pip.conf", "uv.toml", ".pydistutils.cfg", ".npmrc", ".condarc"}
 _BIN_DIRS = ("/usr/local/sbin/", "/usr/local/bin/", "/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/")
 
 
@@ -649,6 +658,7 @@ def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DI
     globs its legitimate solution must change in verifier_changes_ok."""
     words, sourced = _script_words(task)
     programs = _HARNESS_PROGRAMS | words
+    bin_dirs = tuple(bin_dirs) + (f"{home}/.local/bin/",)  # where TB1's uv setup installs uv
     sourced = {re.sub(r"^(\$HOME|\$\{HOME\}|~)(?=/)", home, p) for p in sourced}
     kinds = {"A": "added", "C": "changed", "D": "deleted"}
     out = []
@@ -672,6 +682,8 @@ def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DI
             why = "a shared library"
         elif len(parts) == 2 and name in RUNNER_CONFIGS + ("conftest.py",):
             why = "test runner config above /tests"
+        elif name in _INSTALLER_CONFIGS:
+            why = "an installer's config, read by a harness that installs its runner"
         elif path in sourced:
             why = "a file the test script sources"
         if why:

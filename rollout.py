@@ -42,7 +42,7 @@ from env import InfraError
 from tasks import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
-                  "env_error", "episode_timeout", "invalid_tool_calls")
+                  "env_error", "episode_timeout", "invalid_tool_calls", "container_stopped")
 
 SYSTEM_PROMPT = (
     "You are an autonomous agent solving a task in a Linux terminal (bash, no internet access). "
@@ -828,7 +828,12 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
             raise InfraError(g.infra_error)
         traj.reward = float(g.reward)
     except InfraError as e:  # the environment failed, not the agent: keep the row, mask it out
-        traj.finish_reason, traj.valid, traj.reward, traj.error = "env_error", False, float("nan"), str(e)
+        if term is not None and (why := term.agent_stopped()):  # ... unless the agent stopped its container
+            traj.finish_reason, traj.reward = "container_stopped", 0.0
+            traj.grade = {"passed": False, "tests": {}, "output": str(e), "infra_error": None, "rewards": {},
+                          "tampered": why}
+        else:
+            traj.finish_reason, traj.valid, traj.reward, traj.error = "env_error", False, float("nan"), str(e)
     finally:
         if term is not None:
             t0 = time.monotonic()
