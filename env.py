@@ -1111,7 +1111,10 @@ def _shell_main(args) -> int:
            "--label", f"{LABEL}=1", "--cap-drop", "ALL", *[f"--cap-add={c}" for c in CAPS],
            "--memory", f"{task.memory_mb}m", "--pids-limit", str(task.pids), "-w", task.workdir,
            "--entrypoint", "bash", image]
-    print(f"# {task.name}: {task.instruction[:200]}\n# {' '.join(cmd)}", file=sys.stderr)
+    # the whole instruction, line by line as written (code blocks in it stay intact): the human
+    # is here to do the task, and a cut-off instruction hides what the tests check
+    instruction = "\n".join(f"#   {line}".rstrip() for line in task.instruction.strip().splitlines())
+    print(f"# {task.name}:\n{instruction}\n# {' '.join(cmd)}", file=sys.stderr)
     os.execvp("docker", cmd)
 
 

@@ -33,7 +33,8 @@ import yaml
 
 import distributed
 from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, rollout_cfg
-from rundir import RunLog, latest_checkpoint, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
+import rundir
+from rundir import RunLog, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
 
 # vLLM runs in this process (weights are shared with the trainer through update_weights).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -136,14 +137,39 @@ def pick_device(cfg: Config) -> str:
 
 
 def check_model_path(cfg: Config):
+    """A local model directory, or a hub id (org/name) that is cached or reachable: said at once,
+    with what to do, instead of transformers' OSError after its retries (test_rundir.py)."""
     if cfg.model.build_tiny:
         return
-    p = Path(cfg.model.path)
-    hub_id = not p.exists() and cfg.model.path.count("/") == 1 and not cfg.model.path.startswith((".", "/"))
-    if not hub_id and not (p / "config.json").exists():
-        raise SystemExit(f"model.path {cfg.model.path!r} is not a model directory (no config.json). Point "
-                         f"model.path at a Hugging Face model directory or a hub id (org/name), or set "
-                         f"model.build_tiny: true to build the tiny CPU model there.")
+    path = cfg.model.path
+    p = Path(path).expanduser()
+    if (p / "config.json").exists():
+        return
+    hint = ("Point model.path at a local Hugging Face model directory, or a hub id (org/name), or set "
+            "model.build_tiny: true to build the tiny CPU model there.")
+    if p.exists() or path.count("/") != 1 or path.startswith((".", "/", "~")):
+        raise SystemExit(f"model.path {path!r}: " + (f"{p} is not a model directory (no config.json). " if p.exists()
+                         else f"{p.resolve()} does not exist. ") + hint)
+    problem = _hub_model_problem(path)
+    if problem:
+        raise SystemExit(f"model.path {path!r} is not a local directory ({p.resolve()} does not exist), and as a "
+                         f"Hugging Face hub id: {problem}. Point model.path at a local model directory; or, on a "
+                         f"machine with network, `huggingface-cli download {path}` and copy its cache here, then "
+                         f"set HF_HUB_OFFLINE=1 so nothing is looked up online.")
+
+
+def _hub_model_problem(repo_id: str) -> str | None:
+    """Why `repo_id` cannot be loaded from the Hugging Face cache or the hub, or None."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return f"HF_HUB_OFFLINE is set and it is not in the cache ({constants.HF_HUB_CACHE})"
+    try:
+        HfApi().model_info(repo_id, timeout=10)  # one short try: no network means seconds, not a minute
+    except Exception as e:  # noqa: BLE001 -- connection, DNS, 401/404: all mean "cannot get it"
+        return f"not in the cache ({constants.HF_HUB_CACHE}) and the hub did not answer for it ({type(e).__name__}: {e})"
+    return None
 
 
 def compute_dtype(cfg: Config, device: str):
@@ -592,7 +618,7 @@ def fresh_weights(model, cfg: Config, seed: int):
     model.load_state_dict(src.state_dict())
 
 
-def run(cfg: Config, resume: bool = False) -> dict:
+def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     import torch
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -608,6 +634,9 @@ def run(cfg: Config, resume: bool = False) -> dict:
         raise SystemExit("sft.restarts runs on one process; set sft.restarts=0 under torchrun")
     out = Path(cfg.out_dir)
     ckpt_root = out / "checkpoints"
+    rundir.claim_run_dir(out, resume, restart, move=rank == 0)
+    if world > 1:
+        torch.distributed.barrier()  # rank 0 has moved the old run aside before anyone writes
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -629,8 +658,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     if world > 1:
         torch.distributed.barrier()
     check_model_path(cfg)
-    ckpt = latest_checkpoint(ckpt_root) if resume else None
-    state = torch.load(ckpt / "trainer.pt", weights_only=False) if ckpt else {}
+    ckpt, state = rundir.resume_checkpoint(ckpt_root) if resume else (None, {})
     experts = state.get("experts", {})  # task name -> expert commands, refreshed by rollout.collect (refresh_expert)
     if rank == 0:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
@@ -655,6 +683,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
             st["rank_fingerprints"] = distributed.check_in_step(model, world, step)
         full = distributed.full_state_dict(model)  # collective under FSDP: every rank takes part
         if rank == 0:
+            rundir.stop_if_non_finite(step, weights=full)
             save_checkpoint(ckpt_root, step, lambda d: save_model(model, tok, d, full), st, cfg.checkpoint.keep_last)
         if world > 1:
             torch.distributed.barrier()
@@ -710,7 +739,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
             log.log({"phase": "eval", "step": step, "success": succ, "time/eval": time.time() - t0})
         return succ, time.time() - t0
 
-    eval_succ = None
+    eval_succ, t_ckpt = None, 0.0
     if eval_tasks and cfg.eval.at_start and not distributed.from_rank0(
             any(r.get("phase") == "eval" and r["step"] == start for r in log.records), world):
         eval_succ, _ = evaluate_now(start)
@@ -774,6 +803,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
                 fill_ref_logprobs(model, ref_model, batch, cfg, rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
                 m = update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
+                rundir.stop_if_non_finite(step + 1, m)
         t_train = time.time() - t0
         # 5. sync weights into the engine, 6. check the engine now computes what the trainer does
         t0 = time.time()
@@ -787,10 +817,6 @@ def run(cfg: Config, resume: bool = False) -> dict:
         done = step + 1
         if eval_tasks and ((cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.train.steps):
             eval_succ, t_eval = evaluate_now(done)
-        t0 = time.time()
-        if done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
-            save(done)
-        t_ckpt = time.time() - t0
         ranks = {}
         if world > 1:  # a straggler rank sets everyone's pace
             per = distributed.gather([len(trajs), t_roll, t_train], world)
@@ -804,6 +830,12 @@ def run(cfg: Config, resume: bool = False) -> dict:
                **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()}, **ranks}
         if rank == 0:
             log.log(rec)
+        # after the step's records: the checkpoint notes the logs' sizes and a resume cuts them back
+        # to those, so a kill between the two neither loses the record nor repeats it
+        t0 = time.time()
+        if done % cfg.checkpoint.every == 0 or done == cfg.train.steps:
+            save(done)
+        t_ckpt = time.time() - t0  # logged with the next step
         bar.set_postfix(reward=f"{reward:.2f}", success=f"{success:.0%}",
                         eval="-" if eval_succ is None else f"{eval_succ:.0%}")
     stop.set()
@@ -868,15 +900,18 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set train.lr=1e-5 (repeatable)")
     ap.add_argument("--dry-run", action="store_true", help="check config, tasks, model path, docker; do not train")
-    ap.add_argument("--resume", action="store_true", help="continue from <out_dir>/checkpoints/latest")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in <out_dir>/checkpoints")
+    ap.add_argument("--restart", action="store_true",
+                    help="start over in an out_dir that holds a run: the old one is moved to <out_dir>.<date-time>")
     a = ap.parse_args(argv)
-    try:
-        cfg = load_config(a.config, a.set)
-    except ConfigError as e:
-        raise SystemExit(f"config error: {e}")
-    if a.dry_run:
-        raise SystemExit(dry_run(cfg))
-    run(cfg, resume=a.resume)
+    with distributed.error_said_once():
+        try:
+            cfg = load_config(a.config, a.set)
+        except ConfigError as e:
+            raise SystemExit(f"config error: {e}")
+        if a.dry_run:
+            raise SystemExit(dry_run(cfg))
+        run(cfg, resume=a.resume, restart=a.restart)
 
 
 if __name__ == "__main__":

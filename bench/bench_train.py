@@ -1,7 +1,8 @@
 """Benchmark train.py: where a step's time goes, trainer throughput vs a bare forward+backward, padding.
 
     python bench/bench_train.py                       # tiny model, CPU, 3 RL steps of configs/tiny.yaml
-    python bench/bench_train.py --metrics runs/tiny/metrics.jsonl   # time split of a finished run
+    python bench/bench_train.py --steps 0 --repeats 2  # only 2.: the README's trainer figures
+    python bench/bench_train.py --metrics runs/tiny/metrics.jsonl   # only 1., of a finished run
 
 1. Runs a short real training run (vLLM + Docker) and prints, per RL step, the time split:
    generation, environment, training, weight sync, eval, checkpoint.
@@ -121,7 +122,8 @@ def main():
     cfg = config.load_config(a.config, [f"out_dir={out}"] + a.set)
     if a.steps or a.metrics:
         time_split(cfg, a.steps, a.metrics)
-    throughput(cfg, a.repeats)
+    if not a.metrics:  # a finished run's time split alone: no trajectories to collect, seconds
+        throughput(cfg, a.repeats)
 
 
 if __name__ == "__main__":

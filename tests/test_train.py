@@ -68,7 +68,7 @@ def test_dry_run_cli_reports_a_missing_model(tmp_path):
                         "--set", "model.build_tiny=false", "--set", f"model.path={tmp_path}/nope"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
-    assert "is not a model directory (no config.json)" in r.stdout and "docker: reachable" in r.stdout
+    assert f"{tmp_path}/nope does not exist" in r.stdout and "docker: reachable" in r.stdout
 
 
 # --- data order and micro-batches ---------------------------------------------------------
