@@ -81,8 +81,6 @@ class SFTConfig:
     val_every: int = 10                    # ... scored every this many steps: val_nll and val_oracle_prob
     stop_at_val_prob: float = 0.0          # end SFT early once val_oracle_prob (the chance the policy samples a
     #                                        val oracle trajectory exactly) reaches this; 0 = all sft.steps
-    restart_below: float = 0.0             # SFT that ends with val_oracle_prob below this starts over: a new random
-    restarts: int = 0                      # init (tiny model) or the pretrained weights again, new data order; at most this often
     keep_moments: bool = True              # RL's AdamW starts from SFT's moments (its own lr and schedule):
     #                                        a fresh Adam's first steps move every weight by ~lr (sign-like)
 
@@ -129,9 +127,6 @@ class Config:
     out_dir: str = ""                      # default runs/<run_name>
     seed: int = 0
     device: str = "auto"                   # auto | cpu | cuda
-    threads: int = 0                       # torch CPU threads for SFT; 0 = default. On a shared, oversubscribed
-    #                                        CPU 1 can be 10x faster than 2. (Once the vLLM CPU engine starts
-    #                                        it pins torch's threads for the rest of the process.)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -286,12 +281,6 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         raise ConfigError(f"sft.stop_at_val_prob must be in [0, 1), got {cfg.sft.stop_at_val_prob}")
     if cfg.sft.stop_at_val_prob and cfg.sft.val_tasks < 1:
         raise ConfigError("sft.stop_at_val_prob needs validation trajectories: set sft.val_tasks >= 1")
-    if cfg.sft.restarts < 0 or (cfg.sft.restarts and not 0.0 < cfg.sft.restart_below < 1.0):
-        raise ConfigError(f"sft.restarts ({cfg.sft.restarts}) must be >= 0, and with restarts sft.restart_below "
-                          f"must be in (0, 1), got {cfg.sft.restart_below}")
-    if cfg.sft.restarts and (cfg.sft.val_tasks < 1 or cfg.model.lora):
-        raise ConfigError("sft.restarts needs sft.val_tasks >= 1 (it decides on val_oracle_prob) and full "
-                          "fine-tuning (model.lora: false)")
     if cfg.sft.val_every < 1:
         raise ConfigError(f"sft.val_every must be >= 1, got {cfg.sft.val_every}")
     if cfg.train.micro_batch_tokens < 1:

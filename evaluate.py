@@ -692,8 +692,9 @@ def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
         mode, cmds = modes[kind]
         return rollout.Policy(rollout.ScriptedEngine(tok, mode, commands=cmds), tok,
                               template_kwargs=tkw, tools=rcfg.tools), {**info, "engine": "scripted"}
+    import learner  # costly (torch, transformers): only a model policy needs them
     import train  # its engine recipe (dtype, KV cache, LoRA) so train-time and eval numbers agree
-    device = train.pick_device(cfg)
+    device = learner.pick_device(cfg)
     if adapter is not None:  # the engine must accept this adapter whatever the config says
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, lora=True, lora_rank=_lora_rank(adapter, cfg.model.lora_rank)))

@@ -294,12 +294,9 @@ def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
     rl = [r for r in records if r.get("phase") == "rl"]
     lines = ["=" * 72, f"run {out_dir}"]
     sft = [r for r in records if r.get("phase") == "sft"]
-    restarts = max((r.get("restart", 0) for r in sft), default=0)
-    sft = [r for r in sft if r.get("restart", 0) == restarts]  # the attempt RL started from
     if sft:
         val = [r for r in sft if "val_oracle_prob" in r]
-        lines.append(f"sft: {len(sft)} steps" + (f" after {restarts} restart(s)" if restarts else "")
-                     + f", loss {sft[-1]['loss']:.3f}" + (
+        lines.append(f"sft: {len(sft)} steps, loss {sft[-1]['loss']:.3f}" + (
             f"; val_oracle_prob {val[-1]['val_oracle_prob']:.3f}, val_nll {val[-1]['val_nll']:.3f}" if val else ""))
     if ev:
         lines.append(f"held-out success: start {ev[0]['success']:.1%} (step {ev[0]['step']}) -> "

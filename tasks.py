@@ -365,6 +365,27 @@ def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None)
     return tasks
 
 
+def load_task_sets(cfg) -> tuple[list[Task], list[Task]]:
+    """(train tasks, eval tasks) of a run config's `data:` section (eval capped at eval.num_tasks)."""
+    d = cfg.data
+    kinds = d.generated_kinds or None
+    if d.train_tasks == "generated":
+        train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
+    else:
+        train = load_tasks(d.train_tasks, strict=d.strict_tasks)
+    if d.eval_tasks == "generated":
+        held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
+        seen = {t.instruction for t in train}
+        held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
+    elif d.eval_tasks:
+        held = load_tasks(d.eval_tasks, strict=d.strict_tasks)
+    else:
+        held = []
+    if not train:
+        raise SystemExit(f"data.train_tasks {d.train_tasks!r} gave no tasks")
+    return train, held[: cfg.eval.num_tasks]
+
+
 # --- Oracle solutions as a sequence of commands --------------------------------------------------
 
 _ERREXIT = re.compile(r"set(\s+([-+][A-Za-z]+|pipefail|errexit|nounset|xtrace|errtrace|noclobber))+")

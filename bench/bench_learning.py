@@ -50,6 +50,7 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import algo
     import config
+    import learner
     import rollout
     import train
 
@@ -67,8 +68,8 @@ def main():
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     else:
-        opt, sched = train.make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas,
-                                          cfg.train.warmup_steps, a.iters, "constant")
+        opt, sched = learner.make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas,
+                                            cfg.train.warmup_steps, a.iters, "constant")
     print(f"{len(tasks)} tasks x {a.group}, lr {cfg.train.lr} ({'SGD' if a.sgd else 'AdamW'}), "
           f"loss {acfg.loss}, baseline {acfg.baseline}, negative_reward {acfg.negative_reward}")
     try:
@@ -80,9 +81,10 @@ def main():
                 print(f"after {a.iters} updates: success {success:.3f}")
                 break
             batch = rollout.make_batch(trajs, tok.pad_token_id)
-            sign = algo.trajectory_sign(algo.compute_advantages(batch, acfg))
+            adv = algo.compute_advantages(batch, acfg)
+            sign = algo.trajectory_sign(adv)
             before = row_logprob(model, batch)
-            m = train.update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
+            m = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train, rcfg.temperature)
             moved = row_logprob(model, batch) - before
             # "-" where no trajectory has that sign (no negatives at all under negative_reward 0, baseline none)
             mean = lambda x: f"{float(x.mean()):+.3f} ({x.numel()})" if x.numel() else "- (0)"  # noqa: E731

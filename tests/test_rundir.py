@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import config
+import learner
 import rundir
 import train
 
@@ -60,7 +61,7 @@ def test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs(tiny_mode
     weights, trained on and saved)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}"])
-    model, tok = train.load_model(cfg, "cpu"), AutoTokenizer.from_pretrained(tiny_model_dir)
+    model, tok = learner.load_model(cfg, "cpu"), AutoTokenizer.from_pretrained(tiny_model_dir)
     out = tmp_path / "run"
     out.mkdir()
     logs = {}
@@ -68,7 +69,7 @@ def test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs(tiny_mode
         _append(out / "trajectories.jsonl", [{"step": step, "episode": e} for e in range(4)])
         _append(out / "eval_trajectories.jsonl", [{"step": step}])
         _append(out / "metrics.jsonl", [{"phase": "eval", "step": step}, {"phase": "rl", "step": step}])
-        rundir.save_checkpoint(out / "checkpoints", step, lambda d: train.save_model(model, tok, d),
+        rundir.save_checkpoint(out / "checkpoints", step, lambda d: learner.save_model(model, tok, d),
                                {"step": step}, keep_last=5)
         logs[step] = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
     # killed during step 4: its rows are half written, one log is new
@@ -98,7 +99,7 @@ def test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs(tiny_mode
     with pytest.raises(SystemExit, match=r"no intact checkpoint.*step_000001: trainer.pt does not match.*--restart"):
         rundir.resume_checkpoint(out / "checkpoints")
     # an intact checkpoint's weights are what was saved
-    good = rundir.save_checkpoint(out / "checkpoints", 5, lambda d: train.save_model(model, tok, d), {"step": 5}, 5)
+    good = rundir.save_checkpoint(out / "checkpoints", 5, lambda d: learner.save_model(model, tok, d), {"step": 5}, 5)
     assert rundir.verify_checkpoint(good) is None
     loaded = AutoModelForCausalLM.from_pretrained(good / "model")
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
@@ -125,7 +126,7 @@ def test_a_model_path_that_cannot_load_says_what_to_do_at_once(tmp_path):
         cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["model.build_tiny=false", f"model.path={path}"])
         t0 = time.monotonic()
         with pytest.raises(SystemExit) as e:
-            train.check_model_path(cfg)
+            learner.check_model_path(cfg)
         return str(e.value), time.monotonic() - t0
     msg, took = check("termrl-tests/no-such-model")
     assert took < 15 and "HF_HUB_OFFLINE" in msg and "local model directory" in msg and "huggingface-cli download" in msg
