@@ -76,7 +76,7 @@ class Batch:
                                    train.py fills it before the update. None means "on-policy":
                                    policy_loss then uses the current log-probs, detached.
       ref_logprobs    FloatTensor | None  log π_ref(token), the reference policy's, for the KL term
-                                   (algo.kl_coef); train.py fills it (fill_ref_logprobs).
+                                   (algo.kl_coef); learner.fill_ref_logprobs fills it.
     Per trajectory [B]:
       num_chunks      LongTensor   K, the number of assistant turns (sampled + prefilled).
       reward          FloatTensor  final reward R; NaN for an infrastructure failure.

@@ -28,6 +28,7 @@ import sys
 import tarfile
 import threading
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ FLOOD_LIMIT = 32 << 20      # a command that streams more than this is killed li
 INLINE_TESTS_MAX = 48 << 10  # tests up to this tar size go in on the grading command line (argv <= 128 KiB)
 _NOT_INSTALLED = "__termrl_tests_not_installed__"
 FILE_SIZE_LIMIT = 1 << 30   # RLIMIT_FSIZE in containers: one runaway `yes > f` cannot fill the host disk
+DISK_CHECK_S = 0.5          # the disk watchdog's period, where the storage driver has no quota (README "Disk cap")
 SESSION_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "DEBIAN_FRONTEND": "noninteractive", "TERM": "dumb"}
 
 
@@ -94,6 +96,7 @@ def _is_stale(labels: dict) -> bool:
 _LIVE: dict[str, object] = {}   # container id -> docker client, for every container this process started
 _LIVE_LOCK = threading.RLock()  # re-entrant: a signal may land while this thread holds it
 _PREV_HANDLERS: dict = {}       # signal -> the handler ours replaced (called after cleanup)
+_SHUTDOWN = threading.Event()   # set by SIGINT/SIGTERM: no container starts after it
 _ATEXIT_DONE = False
 
 
@@ -116,6 +119,7 @@ def _on_signal(signum, frame):
     prev = _PREV_HANDLERS.get(signum)
     if prev == signal.SIG_IGN:
         return
+    _SHUTDOWN.set()
     cleanup_all()
     if callable(prev):
         prev(signum, frame)
@@ -200,74 +204,99 @@ class _Capped:
 # Runs once in every session. Commands run inside a function so that a USR1 trap can abort the
 # whole command (loops included) after its processes are killed; `declare` is made global there
 # so `declare -A x` persists as it would at a prompt. $? is carried over between commands.
+# __termrl_out is where the harness's markers go (an agent's `exec >file` keeps the framing) and
+# __termrl_in the commands' stdin: an empty pipe, so no path the agent can delete (/dev/null) is
+# needed; without /dev/fd stdin is closed instead.
 _PRELUDE = r"""exec 2>&1
-__termrl_rc() { return "$1"; }
-__termrl_run() { __termrl_rc "${__termrl_last:-0}"; eval "$1"; }
 declare() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin declare -g "$@"; else builtin declare "$@"; fi; }
 typeset() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin typeset -g "$@"; else builtin typeset "$@"; fi; }
-trap 'return 130 2>/dev/null' USR1
+trap 'return 130 2>&-' USR1
+exec {__termrl_out}>&1
+{ exec {__termrl_in}< <(:); } 2>&- || __termrl_in=-
 """
+KILL_GRACE_S = 1.0      # after a timeout: how long the shell gets to end the killed command before a restart
+TIMEOUT_MARGIN_S = 2.0  # run(timeout=t) returns within t + this (grace + restart); test_hostile measures it
+MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, a number)
+FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n"]  # the marker formats, for test_hostile's forgeries
+
+
+def _command_line(cmd: str, nonce: str) -> str:
+    """One command framed by a begin and an end marker carrying a fresh nonce.
+
+    The nonce is new for every command and only ever printed split in two, so neither a trace
+    (`set -x`, a DEBUG trap) nor an earlier command shows a marker an agent could replay. Before the
+    end marker is printed, functions named `builtin` are removed in POSIX mode (where `unset` and
+    `trap` are special builtins no function can shadow) and DEBUG/RETURN traps are cleared; every
+    name the harness calls is `\\`-quoted so no alias applies. test_hostile.test_framing_* forges it."""
+    a, b = nonce[:len(nonce) // 2], nonce[len(nonce) // 2:]
+    return (f"\\builtin read -r __t __t __t __t __termrl_wm </proc/loadavg; "
+            f"\\builtin printf '\\036B%s%s %s\\n' {a} {b} \"$__termrl_wm\" >&$__termrl_out; "
+            "__termrl_rc() { return \"$1\"; }; __termrl_run() { __termrl_rc \"${__termrl_last:-0}\"; eval \"$1\"; }; "
+            f"__termrl_run {shlex.quote(cmd)} <&$__termrl_in; "
+            "{ __termrl_last=$?; POSIXLY_CORRECT=y; \\unset -f builtin; \\unset POSIXLY_CORRECT; \\trap - DEBUG RETURN; "
+            f"\\builtin printf '\\n\\036E%s%s %d\\n' {a} {b} \"$__termrl_last\" >&$__termrl_out; }} 2>&-\n")
 
 
 class Terminal:
     """One container plus one persistent bash session; `run` commands, then `grade` the episode.
 
     Use one terminal from one thread at a time. run() raises InfraError only when the container
-    itself is gone; everything the agent can cause (timeouts, floods, `exit`) comes back as output."""
+    itself is gone; everything the agent can cause (timeouts, floods, `exit`) comes back as output.
+    When the agent made the container unusable (no bash left to start, disk cap exceeded) `dead`
+    says why: run() answers with that notice, and the episode should end (graded as a failure).
+
+    Background jobs keep running between commands (servers, builds), within the container's CPU,
+    memory, pid and disk limits. Their terminal output is not a later command's: when a command
+    ends with jobs still holding the terminal, the shell moves to a fresh output pipe and the old
+    one is no longer read (a job writing more than the pipe holds then blocks, as under Ctrl-S).
+    A command that ends with the container at its pid limit (a fork bomb) ends every background job."""
 
     def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP):
         self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
         self.task: Task | None = None
         self.closed = False
-        tok = os.urandom(8).hex()
-        # Markers are printed as printf '__termrl_%s_B' <tok> so that they never appear verbatim in
-        # the command line itself (which `set -x` would echo into the output).
-        self._tok = tok
-        self._begin, self._end = f"__termrl_{tok}_B ".encode(), f"\n__termrl_{tok}_E ".encode()
+        self.dead: str | None = None
+        self.disk_cap_mb = 0  # set by Env when the watchdog (not a storage quota) keeps the disk cap
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
+        self._cgroup = _cgroup_dirs(self._host_pid)
         self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
         self._networked = False  # joined the grading network
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
         self._layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
         self._home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
+        self._socks = []  # every exec socket of this terminal (old output pipes stay open, unread)
+        self._relays = set()  # container pids of the processes whose stdout is the shell's output pipe
         self._start_session()
 
     # -- session plumbing ----------------------------------------------------------------------
     def _start_session(self):
+        _repair_dev_null(self._host_pid)
         ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
                                          stderr=True, tty=False, environment=SESSION_ENV)
         self._exec_id = ex["Id"]
-        self._sio = self.client.api.exec_start(self._exec_id, socket=True)
-        self._sock = self._sio._sock
+        self._sock = self._out = self.client.api.exec_start(self._exec_id, socket=True)._sock
+        self._socks.append(self._sock)
         self._raw, self._pending = bytearray(), bytearray()
-        self._send(_PRELUDE + f"printf '__termrl_%s_E %s\\n' {self._tok} \"$$\"\n")
-        found, pid = self._read_until(self._end[1:], time.monotonic() + 30, _Capped(4096))
+        nonce = os.urandom(8).hex()
+        self._send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
+        found, pid = self._read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30, _Capped(4096))
         if not found:
             raise InfraError(f"container {self.id[:12]}: the bash session did not start")
         self._session_pid = int(pid)
         if not hasattr(self, "_floor"):
             self._floor = self._session_pid - 1  # pids up to here are init and its `sleep`
+        procs = _container_procs(self._host_pid, self._cgroup) or {}
+        shell = next((h for h, n in procs.items() if n == self._session_pid), None)
+        self._out_pipe = _readlink(f"/proc/{shell}/fd/1") if shell else None
 
     def _send(self, text: str):
         self._sock.sendall(text.encode())
 
     def _frames(self, deadline: float) -> bytes | None:
         """Payload of the next docker stream frames; b"" when the session ended, None on timeout."""
-        while True:
-            if len(self._raw) >= 8:
-                size = struct.unpack(">I", self._raw[4:8])[0]
-                if len(self._raw) >= 8 + size:
-                    out = bytes(self._raw[8:8 + size])
-                    del self._raw[:8 + size]
-                    return out
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([self._sock], [], [], wait)[0]:
-                return None
-            chunk = self._sock.recv(1 << 16)
-            if not chunk:
-                return b""
-            self._raw += chunk
+        data = _next_frame(self._out, self._raw, deadline)
+        return data
 
     def _read_until(self, marker: bytes, deadline: float, sink: _Capped, flood: int = 0):
         """Stream into sink until `marker<digits>\\n`; returns (found, digits | reason)."""
@@ -297,100 +326,201 @@ class Terminal:
                 return False, "eof"
             window += data
 
-    def _kill_command(self, watermark: int):
-        """Kill every process the current command started (pids above the watermark), not the shell."""
+    def _procs(self) -> dict | None:
+        return _container_procs(self._host_pid, self._cgroup)
+
+    def _kill_command(self, watermark: int, shell_too: bool = False) -> bool:
+        """Kill every process the current command started (pids above the watermark); the shell gets
+        USR1 (ends the command) or, with shell_too, SIGKILL. True when nothing above it is left."""
         api = self.client.api
-        host = _container_procs(self._host_pid)
+        host = self._procs()
         if host is not None:  # local daemon: freeze the container so nothing forks while we kill
             with contextlib.suppress(Exception):
                 api.pause_container(self.id)
-            host = _container_procs(self._host_pid) or {}
-            for hpid, nspid in host.items():
-                try:
-                    if nspid == self._session_pid:
-                        os.kill(hpid, signal.SIGUSR1)
-                    elif nspid > watermark:
-                        os.kill(hpid, signal.SIGKILL)
-                except OSError:
-                    pass
-            with contextlib.suppress(Exception):
-                api.unpause_container(self.id)
-            return
-        script = (f"kill -USR1 {self._session_pid}; for p in /proc/[0-9]*; do p=${{p#/proc/}}; "
-                  f"[ $p -gt {watermark} ] && [ $p != $$ ] && kill -9 $p; done 2>/dev/null; true")
+            try:
+                for hpid, nspid in (self._procs() or {}).items():
+                    with contextlib.suppress(OSError):
+                        if nspid == self._session_pid and not shell_too:
+                            os.kill(hpid, signal.SIGUSR1)
+                        elif nspid > watermark and (shell_too or nspid not in self._relays):
+                            os.kill(hpid, signal.SIGKILL)
+            finally:
+                with contextlib.suppress(Exception):
+                    api.unpause_container(self.id)
+            if not shell_too:
+                return True
+            end = time.monotonic() + 5  # SIGKILLed processes vanish once the kernel reaps them
+            while time.monotonic() < end:
+                left = [n for n in (self._procs() or {}).values() if n > watermark]
+                if not left:
+                    return True
+                time.sleep(0.02)
+            return False
+        sig = "-9" if shell_too else "-USR1"
+        script = (f"kill {sig} {self._session_pid}; for p in /proc/[0-9]*; do p=${{p#/proc/}}; "
+                  f"[ $p -gt {watermark} ] && [ $p != $$ ] && kill -9 $p; done 2>&-; true")
         with contextlib.suppress(Exception):
-            api.exec_start(api.exec_create(self.id, ["sh", "-c", script])["Id"])
+            _exec(self.client, self.id, ["sh", "-c", script], 10)
+        return True
 
-    def _restart_session(self):
-        """Replace a dead or unrecoverable shell with a fresh one (state is lost, the container stays)."""
-        with contextlib.suppress(OSError):
-            self._sock.close()
+    def _alive(self) -> bool:
+        with contextlib.suppress(Exception):
+            return bool(self.client.api.inspect_container(self.id)["State"]["Running"])
+        return False
+
+    def _restart_session(self) -> bool:
+        """Replace a dead or unrecoverable shell with a fresh one (state is lost, the container stays).
+        Every process but init and its sleep is SIGKILLed first, the old shell included, and checked
+        gone. False (and `dead` set) when the agent left the container unable to start a shell."""
+        for s in self._socks:
+            with contextlib.suppress(OSError):
+                s.close()
+        self._socks, self._relays = [], set()
+        if self.dead:
+            return False
         try:
-            self._kill_command(self._floor)  # everything but init and its sleep goes
+            if not self._kill_command(self._floor, shell_too=True):
+                raise InfraError(f"container {self.id[:12]}: processes survived SIGKILL")
             self._start_session()
-        except InfraError:
-            raise
+            return True
         except Exception as e:
-            raise InfraError(f"container {self.id[:12]} is unusable: {type(e).__name__}: {e}") from None
+            if not self._alive():
+                if isinstance(e, InfraError):
+                    raise
+                raise InfraError(f"container {self.id[:12]} is unusable: {type(e).__name__}: {e}") from None
+            self.dead = "no new shell can start in this container (was bash or the filesystem deleted?)"
+            return False
+
+    def _dead_result(self, t0: float, out: str = "") -> CommandResult:
+        return CommandResult(out + f"\n[the terminal is dead: {self.dead}; the episode is over]",
+                             None, False, time.monotonic() - t0, False)
 
     # -- public API ----------------------------------------------------------------------------
     def run(self, cmd: str, timeout: float = 30) -> CommandResult:
-        """Run one command in the persistent shell; on timeout kill the command, keep the shell."""
+        """Run one command in the persistent shell; on timeout kill the command, keep the shell.
+        Returns within timeout + TIMEOUT_MARGIN_S."""
         if self.closed:
             raise InfraError("terminal is closed")
         t0 = time.monotonic()
-        sink = _Capped(self.output_cap)
-        line = (f"read -r __t __t __t __t __termrl_wm </proc/loadavg; printf '__termrl_%s_B %s\\n' {self._tok} "
-                f"\"$__termrl_wm\"; __termrl_run {shlex.quote(cmd)} </dev/null; __termrl_last=$?; "
-                f"printf '\\n__termrl_%s_E %d\\n' {self._tok} \"$__termrl_last\"\n")
+        if self.dead:
+            return self._dead_result(t0)
+        first = self._end_fork_bomb()
+        note, sink = "", _Capped(self.output_cap)
+        nonce = os.urandom(8).hex()
         try:
-            self._send(line)
+            self._send(_command_line(cmd, nonce))
         except OSError as e:
-            self._restart_session()
+            if not self._restart_session():
+                return self._dead_result(t0)
             return CommandResult(f"[the shell had died ({e}); a new shell was started, please retry]",
                                  None, False, time.monotonic() - t0, False)
         deadline = t0 + timeout
-        pre = _Capped(self.output_cap)
-        found, wm = self._read_until(self._begin, deadline, pre)
-        note, exit_code, timed_out = "", None, False
+        # what arrives before the begin marker is background output between commands: dropped
+        found, wm = self._read_until(f"{MARK}B{nonce} ".encode(), deadline, _Capped(0))
+        exit_code, timed_out = None, False
         if found:
-            if pre.total:
-                sink.add(pre.head + pre.tail)  # output of earlier background jobs comes first
-            found, status = self._read_until(self._end, deadline, sink, flood=FLOOD_LIMIT)
+            found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
             if found:
                 exit_code = int(status)
+                note += self._detach_background()
             elif status == "eof":
-                note = "\n[the shell exited; a new shell was started in the working directory]"
-                self._restart_session()
+                if self.dead or not self._restart_session():
+                    return self._dead_result(t0, sink.text())
+                note += "\n[the shell exited; a new shell was started in the working directory]"
             else:
                 timed_out = True
                 why = (f"timed out after {timeout:g}s" if status == "timeout"
                        else f"produced more than {FLOOD_LIMIT >> 20} MiB of output")
-                note = self._recover(int(wm), why, sink)
+                note += self._recover(int(wm), why, sink, nonce)
         else:  # the shell never picked the command up
             timed_out = wm == "timeout"
-            note = (f"\n[the shell did not respond within {timeout:g}s" if timed_out else "\n[the shell exited") + \
+            if self.dead or not self._restart_session():
+                return self._dead_result(t0)
+            note += (f"\n[the shell did not respond within {timeout:g}s" if timed_out else "\n[the shell exited") + \
                 "; a new shell was started in the working directory]"
-            self._restart_session()
-        out = sink.text() + note
-        return CommandResult(out, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted))
+        if self.dead:
+            return self._dead_result(t0, sink.text())
+        return CommandResult(first + sink.text() + note, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted))
 
-    def _recover(self, watermark: int, why: str, sink: _Capped) -> str:
-        for _ in range(3):
-            self._kill_command(watermark)
-            found, _ = self._read_until(self._end, time.monotonic() + 2, sink)
-            if found:
-                return f"\n[command {why} and was killed; the shell is still usable]"
-        self._restart_session()
+    def _recover(self, watermark: int, why: str, sink: _Capped, nonce: str) -> str:
+        self._kill_command(watermark)
+        found, _ = self._read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
+        if found:
+            return f"\n[command {why} and was killed; the shell is still usable]"
+        if not self._restart_session():
+            return ""
         return f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd were reset]"
 
+    def _end_fork_bomb(self) -> str:
+        """At the container's pid limit no command could fork: end every background process."""
+        cur, top = _cgroup_read(self._cgroup, "pids", "pids.current"), _cgroup_read(self._cgroup, "pids", "pids.max")
+        if not (cur.isdigit() and top.isdigit()) or int(cur) < int(top) - 2:
+            return ""
+        self._kill_command(self._floor)  # the shell only gets USR1, which an idle shell ignores
+        return f"[the container reached its limit of {top} processes: every background process was killed]\n"
+
+    def _detach_background(self) -> str:
+        """Move the shell to a fresh output pipe when background jobs still hold the current one."""
+        procs = self._procs()
+        if not procs or not self._out_pipe:
+            return ""
+        holders = [h for h, n in procs.items() if n > self._floor and n != self._session_pid
+                   and n not in self._relays and self._out_pipe in _fd_targets(h)]
+        if not holders:
+            return ""
+        shell = next((h for h, n in procs.items() if n == self._session_pid), None)
+        try:
+            ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc", "-c",
+                                                       "builtin printf '%s\\n' $$; builtin read -r _"],
+                                             stdin=True, stdout=True, stderr=True, tty=False)
+            sock = self.client.api.exec_start(ex["Id"], socket=True)._sock
+            self._socks.append(sock)
+            buf, data = bytearray(), b""
+            end = time.monotonic() + 10
+            while b"\n" not in data:
+                chunk = _next_frame(sock, buf, end)
+                if not chunk:
+                    return ""
+                data += chunk
+            pid = int(data.split(b"\n")[0])
+            self._relays.add(pid)
+            # the shell's fds that were the terminal follow it (stdout, stderr, an agent's saved copy);
+            # a stdout the agent sent elsewhere (`exec >f`) stays there
+            fds = os.listdir(f"/proc/{shell}/fd") if shell else []
+            redirs = " ".join(f"{fd}>&$__termrl_out" for fd in sorted(fds, key=int)
+                              if _readlink(f"/proc/{shell}/fd/{fd}") == self._out_pipe)
+            nonce = os.urandom(8).hex()
+            self._send(f"{{ exec {{__termrl_out}}>&- {{__termrl_out}}>/proc/{pid}/fd/1; }} 2>&-; exec {redirs}; "
+                       f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} 0 >&$__termrl_out\n")
+            self._out, self._raw = sock, buf
+            found, _ = self._read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 10, _Capped(0))
+            if not found:
+                return ""
+            host = next((h for h, n in (self._procs() or {}).items() if n == pid), None)
+            self._out_pipe = _readlink(f"/proc/{host}/fd/1") if host else None
+        except Exception:  # the old pipe stays in use: background output may then reach later commands
+            return ""
+        return ""
+
+    def check_disk(self):
+        """End the terminal (dead) when its writable layer is over disk_cap_mb."""
+        upper = self._layers[0]
+        if upper and os.path.isdir(upper):
+            used = _dir_bytes(upper)
+        else:  # a remote daemon: it measures the layer itself (slower)
+            used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
+        if used > self.disk_cap_mb << 20:
+            self.dead = f"the container's files grew past its disk cap of {self.disk_cap_mb} MiB"
+            self._kill_command(self._floor, shell_too=True)
+
     def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):
-        """Run a command in a fresh process (not the agent's shell): (exit code, output)."""
-        wrapped = f"timeout -k 5 {max(1, int(timeout))} bash -c {shlex.quote(cmd)}"
-        r = self.client.api.exec_create(self.id, ["bash", "-c", wrapped], environment=env,
-                                        workdir=workdir or (self.task.workdir if self.task else "/"))
-        out = self.client.api.exec_start(r["Id"])
-        return self.client.api.exec_inspect(r["Id"])["ExitCode"], out.decode("utf-8", "replace")
+        """Run a command in a fresh process (not the agent's shell): (exit code, output). The deadline
+        is kept from outside the container: at `timeout` the process tree is killed and the exit code
+        is 124, whatever the container's `timeout` binary does (test_hostile.test_exec_and_grade_*)."""
+        code, out = _exec(self.client, self.id, ["bash", "-c", cmd], timeout, env=env,
+                          workdir=workdir or (self.task.workdir if self.task else "/"), cgroup=self._cgroup,
+                          host_pid=self._host_pid)
+        return code, out.decode("utf-8", "replace")
 
     def grade(self) -> Grade:
         """Stop the agent, check the verifier's toolchain, copy the hidden tests in, run them, score.
@@ -399,6 +529,8 @@ class Terminal:
         that tampered with grading gets reward 0 and `tampered` evidence; infra_error (reward None)
         only when Docker failed or the harness fails on a fresh container too (tests/test_tampering.py)."""
         t = self.task
+        if self.dead:  # the agent broke its own container: a failed episode, not an infrastructure error
+            return Grade(0.0, False, {}, f"[the terminal is dead: {self.dead}]", None)
         try:
             exports = self._agent_exports() if t.tests_in_agent_shell else {}
             evidence = [] if t.keep_agent_processes else self._stop_agent()
@@ -524,7 +656,7 @@ class Terminal:
         """SIGKILL every process in the container except init and the `sleep` that keeps it up, so
         nothing the agent started (daemons included) runs while the tests do; evidence for each
         killed process that names the tests or the verifier's output (tests/test_tampering.py)."""
-        procs = _container_procs(self._host_pid)
+        procs = self._procs()
         if procs is None:  # a daemon on another machine: kill from inside, with the container's tools
             self.exec(_KILL_INSIDE, 30, workdir="/")
             return []
@@ -538,12 +670,12 @@ class Terminal:
                 stopped[h] = _describe(h)
                 with contextlib.suppress(OSError):
                     os.kill(h, signal.SIGSTOP)
-            procs = _container_procs(self._host_pid) or {}
+            procs = self._procs() or {}
         for h in stopped:
             with contextlib.suppress(OSError):
                 os.kill(h, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while left := [h for h in (_container_procs(self._host_pid) or {}) if h in stopped and not _zombie(h)]:
+        while left := [h for h in (self._procs() or {}) if h in stopped and not _zombie(h)]:
             if time.monotonic() > deadline:
                 raise InfraError(f"processes {left} of the agent survived SIGKILL")
             time.sleep(0.005)
@@ -564,8 +696,9 @@ class Terminal:
     def close(self):
         if not self.closed:
             self.closed = True
-            with contextlib.suppress(OSError):
-                self._sock.close()
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.close()
             _remove(self.client, self.id)
 
     def __enter__(self):
@@ -575,26 +708,173 @@ class Terminal:
         self.close()
 
 
-def _container_procs(init_pid: int) -> dict | None:
-    """{host pid: pid inside the container} for a local daemon we may signal, else None."""
+def _next_frame(sock, raw: bytearray, deadline: float) -> bytes | None:
+    """Payload of the next docker stream frame on sock (raw holds bytes read but not yet parsed);
+    b"" when the stream ended, None at the deadline."""
+    while True:
+        if len(raw) >= 8:
+            size = struct.unpack(">I", raw[4:8])[0]
+            if len(raw) >= 8 + size:
+                out = bytes(raw[8:8 + size])
+                del raw[:8 + size]
+                if out:
+                    return out
+                continue
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([sock], [], [], wait)[0]:
+            return None
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return b""
+        raw += chunk
+
+
+def _exec(client, cid: str, argv: list, timeout: float, env=None, workdir=None, cgroup=None,
+          host_pid: int | None = None) -> tuple[int, bytes]:
+    """`docker exec` with a deadline kept from the host, never by the container nor the Docker
+    client's own timeout: (exit code, output). At the deadline every process the exec started is
+    SIGKILLed from outside and the exit code is 124."""
+    api = client.api
+    if host_pid:
+        _repair_dev_null(host_pid)
+    ex = api.exec_create(cid, argv, environment=env, workdir=workdir, stdout=True, stderr=True)
+    sock = api.exec_start(ex["Id"], socket=True)._sock
+    out, raw, deadline = _Capped(FLOOD_LIMIT), bytearray(), time.monotonic() + timeout
     try:
-        ns = os.readlink(f"/proc/{init_pid}/ns/pid")
-        if ns == os.readlink("/proc/self/ns/pid"):
-            return None  # not a separate pid namespace we can see from here
+        while data := _next_frame(sock, raw, deadline):
+            out.add(data)
+        if data is None:
+            _kill_exec(api, ex["Id"], cgroup or {})
+            return 124, out.text().encode()
+    finally:
+        with contextlib.suppress(OSError):
+            sock.close()
+    for _ in range(100):  # the stream ends a moment before docker records the exit code
+        info = api.exec_inspect(ex["Id"])
+        if not info["Running"]:
+            break
+        time.sleep(0.02)
+    return info["ExitCode"], out.text().encode()
+
+
+def _kill_exec(api, exec_id: str, cgroup: dict):
+    """SIGKILL an exec's process and all its descendants (host pids; a no-op for a remote daemon)."""
+    with contextlib.suppress(Exception):
+        root = api.exec_inspect(exec_id)["Pid"]
+        for _ in range(3):  # a second pass catches what forked during the first
+            hpids = _cgroup_pids(cgroup) or []
+            parent = {}
+            for h in hpids:
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    parent[h] = int(Path(f"/proc/{h}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            tree, grew = {root}, True
+            while grew:
+                new = {h for h, p in parent.items() if p in tree} - tree
+                tree |= new
+                grew = bool(new)
+            for h in tree:
+                with contextlib.suppress(OSError):
+                    os.kill(h, signal.SIGKILL)
+
+
+def _repair_dev_null(host_pid: int):
+    """Recreate a container's /dev/null from the host if the agent deleted it: `docker exec` cannot
+    start any process without it (test_hostile.test_deleted_dev_null_*). A no-op for a remote daemon."""
+    path = f"/proc/{host_pid}/root/dev/null"
+    with contextlib.suppress(OSError):
+        if os.path.isdir(f"/proc/{host_pid}/root/dev") and not os.path.exists(path):
+            if os.path.lexists(path):
+                os.unlink(path)
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chmod(path, 0o666)
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
     except OSError:
         return None
-    procs = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
+
+
+def _fd_targets(hpid: int) -> set:
+    try:
+        return {_readlink(f"/proc/{hpid}/fd/{fd}") for fd in os.listdir(f"/proc/{hpid}/fd")}
+    except OSError:
+        return set()
+
+
+def _cgroup_dirs(host_pid: int) -> dict:
+    """{controller: its cgroup directory} of a container's init process, for those we can read."""
+    dirs = {}
+    try:
+        lines = Path(f"/proc/{host_pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return dirs
+    for ln in lines:
+        _, ctrls, path = ln.split(":", 2)
+        for c in ctrls.split(",") if ctrls else ["unified"]:
+            bases = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] if c == "unified" else [f"/sys/fs/cgroup/{c}"]
+            d = next((b + path for b in bases if os.path.isfile(b + path + "/cgroup.procs")), None)
+            if d:
+                dirs[c] = d
+    if "pids" not in dirs and "unified" in dirs and os.path.exists(dirs["unified"] + "/pids.max"):
+        dirs["pids"] = dirs["unified"]  # cgroup v2: one directory for every controller
+    return dirs
+
+
+def _cgroup_read(cgroup: dict, controller: str, name: str) -> str:
+    try:
+        return Path(cgroup[controller], name).read_text().strip()
+    except (KeyError, OSError):
+        return ""
+
+
+def _cgroup_pids(cgroup: dict) -> list | None:
+    text = _cgroup_read(cgroup, "pids", "cgroup.procs")
+    return [int(x) for x in text.split()] if "pids" in cgroup and (text or os.path.isdir(cgroup["pids"])) else None
+
+
+def _container_procs(init_pid: int, cgroup: dict | None = None) -> dict | None:
+    """{host pid: pid inside the container} for a local daemon we may signal, else None."""
+    hpids = _cgroup_pids(cgroup or {})
+    if hpids is None:  # no readable cgroup: scan every process of the host for the container's pid namespace
         try:
-            if os.readlink(f"/proc/{d}/ns/pid") != ns:
-                continue
-            status = Path(f"/proc/{d}/status").read_text()
-            procs[int(d)] = int(re.search(r"^NSpid:.*?(\d+)\s*$", status, re.M).group(1))
+            ns = os.readlink(f"/proc/{init_pid}/ns/pid")
+            if ns == os.readlink("/proc/self/ns/pid"):
+                return None  # not a separate pid namespace we can see from here
+        except OSError:
+            return None
+        hpids = []
+        for d in os.listdir("/proc"):
+            with contextlib.suppress(OSError):
+                if d.isdigit() and os.readlink(f"/proc/{d}/ns/pid") == ns:
+                    hpids.append(int(d))
+    procs = {}
+    for h in hpids:
+        try:
+            status = Path(f"/proc/{h}/status").read_text()
+            procs[h] = int(re.search(r"^NSpid:.*?(\d+)\s*$", status, re.M).group(1))
         except (OSError, AttributeError):
             continue
     return procs
+
+
+def _dir_bytes(path: str) -> int:
+    """Disk blocks used by the files under path (a container's writable layer)."""
+    total, stack = 0, [path]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                with contextlib.suppress(OSError):
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    else:
+                        total += e.stat(follow_symlinks=False).st_blocks * 512
+    return total
 
 
 # --- Grading integrity: the verifier's environment, the agent's leftovers, toolchain changes -----
@@ -815,9 +1095,16 @@ class Env:
         self._build_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._images: dict[str, str] = {}
         self._closed = False
+        self._terms = weakref.WeakSet()  # every terminal started here (the disk watchdog's list)
+        info = self.client.info()
+        backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
+        # a storage-driver quota (`--storage-opt size=`) where the driver has one; else the watchdog
+        self.disk_quota = info.get("Driver") in ("btrfs", "zfs", "devicemapper") or \
+            (info.get("Driver") == "overlay2" and backing == "xfs")
         self.swept = sweep_stale(self.client)
         _install_cleanup()
         self._fillers = [threading.Thread(target=self._fill_loop, daemon=True) for _ in range(min(2, max_concurrent_starts))]
+        self._fillers.append(threading.Thread(target=self._disk_loop, daemon=True))
         for th in self._fillers:
             th.start()
 
@@ -883,26 +1170,44 @@ class Env:
     # -- containers ----------------------------------------------------------------------------
     def _key(self, task: Task) -> tuple:
         net = self.agent_network if task.allow_internet else "none"
-        return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir, tuple(sorted(task.env.items())))
+        return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir,
+                tuple(sorted(task.env.items())), task.disk_mb)
 
     def _start(self, key: tuple) -> Terminal:
-        image, memory_mb, cpus, pids, net, workdir, variables = key
+        image, memory_mb, cpus, pids, net, workdir, variables, disk_mb = key
         with self._starts:
             try:
-                c = self.client.api.create_container(
-                    image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir, labels=_owner_labels(),
-                    environment=dict(variables),
-                    hostname="termrl", host_config=self.client.api.create_host_config(
-                        init=True, network_mode=net, mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
-                        nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"], cap_add=CAPS,
-                        security_opt=["no-new-privileges"], privileged=False,
-                        ulimits=[{"Name": "fsize", "Soft": FILE_SIZE_LIMIT, "Hard": FILE_SIZE_LIMIT}]))
+                if _SHUTDOWN.is_set():
+                    raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
+                fsize = min(FILE_SIZE_LIMIT, disk_mb << 20)
+                host_config = dict(
+                    init=True, network_mode=net, mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
+                    nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"], cap_add=CAPS,
+                    security_opt=["no-new-privileges"], privileged=False,
+                    ulimits=[{"Name": "fsize", "Soft": fsize, "Hard": fsize}])
+                if self.disk_quota:
+                    host_config["storage_opt"] = {"size": f"{disk_mb}M"}
+                try:
+                    c = self.client.api.create_container(
+                        image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir, labels=_owner_labels(),
+                        environment=dict(variables),
+                        hostname="termrl", host_config=self.client.api.create_host_config(**host_config))
+                except self._docker.errors.APIError as e:
+                    if not (self.disk_quota and "storage" in str(e).lower()):
+                        raise
+                    self.disk_quota = False  # e.g. xfs mounted without pquota: the watchdog instead
+                    return self._start(key)
                 cid = c["Id"]
                 with _LIVE_LOCK:
                     _LIVE[cid] = self.client
                 self.client.api.start(cid)
+                if _SHUTDOWN.is_set():  # the signal's cleanup may have run before this container existed
+                    raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
                 term = Terminal(self.client, cid, key, self.output_cap)
                 term.env, term.multi_reward = self, self.multi_reward
+                if not self.disk_quota:
+                    term.disk_cap_mb = disk_mb
+                self._terms.add(term)
                 return term
             except Exception as e:
                 if "cid" in locals():
@@ -934,6 +1239,16 @@ class Env:
             else:
                 time.sleep(1.0)  # the daemon is struggling: back off instead of hammering it
 
+    def _disk_loop(self):
+        """The disk cap where the storage driver has no quota: a terminal whose writable layer grew
+        past its cap is ended (test_hostile.test_disk_cap_stops_writes_past_it)."""
+        while not self._closed:
+            for term in list(self._terms):
+                if term.disk_cap_mb and not term.closed and not term.dead:
+                    with contextlib.suppress(Exception):  # a container removed meanwhile
+                        term.check_disk()
+            time.sleep(DISK_CHECK_S)
+
     def _deficit(self):
         return next((k for k, v in self._pool.items() if len(v) + self._starting[k] < self.warm), None)
 
@@ -956,8 +1271,8 @@ class Env:
         key = self._key(task)
         term = None
         with self._lock:
-            if self._closed:
-                raise InfraError("Env is closed")
+            if self._closed or _SHUTDOWN.is_set():
+                raise InfraError("Env is closed" if self._closed else "shutting down (SIGINT/SIGTERM)")
             self._resets[key] += 1
             pool = self._pool.pop(key, [])
             term = pool.pop(0) if pool else None

@@ -19,6 +19,7 @@ import yaml
 
 BASE_IMAGE = "termrl-base:bookworm"  # the image generated tasks run in (scripts/setup.sh builds it)
 DEFAULT_MEMORY_MB, DEFAULT_CPUS, DEFAULT_PIDS = 2048, 1.0, 512
+DEFAULT_DISK_MB = 4096  # a container's writable layer: 16 episodes at once stay under 64 GiB of host disk
 
 
 class TaskError(ValueError):
@@ -47,6 +48,7 @@ class Task:
     memory_mb: int = DEFAULT_MEMORY_MB
     cpus: float = DEFAULT_CPUS
     pids: int = DEFAULT_PIDS
+    disk_mb: int = DEFAULT_DISK_MB    # the container's writable layer (env.py enforces it; README "Disk cap")
     allow_internet: bool = False
     metadata: dict = field(default_factory=dict)
     # Grading integrity opt-outs, for tasks whose legitimate solution needs them (env.Terminal.grade):

@@ -274,13 +274,18 @@ def start_producer(r: Run, policy, start: int, stop: threading.Event) -> queue.Q
         for s in range(start, r.cfg.train.steps):
             if stop.is_set():
                 return
-            item = rollout_step(r, policy, s)
+            try:
+                item = rollout_step(r, policy, s)
+            except BaseException as e:  # noqa: BLE001 -- e.g. the engine failed: next_rollout raises it
+                item = e
             while not stop.is_set():
                 try:
                     produced.put(item, timeout=0.5)
                     break
                 except queue.Full:
                     pass
+            if isinstance(item, BaseException):
+                return
     threading.Thread(target=producer, name="rollout-producer", daemon=True).start()
     return produced
 
@@ -289,7 +294,10 @@ def next_rollout(r: Run, policy, step: int, produced: queue.Queue | None):
     """(tasks, trajectories, stale ones dropped, seconds, generation seconds): from the async
     producer, else rolled out now with the engine awake."""
     if produced is not None:
-        s, tasks, trajs, t_roll, t_gen = produced.get()
+        item = produced.get()
+        if isinstance(item, BaseException):  # the producer's rollout failed: the run ends with its error
+            raise item
+        s, tasks, trajs, t_roll, t_gen = item
         assert s == step, f"async producer is at step {s}, trainer at {step}"
         trajs, n_stale = rollout.drop_stale(trajs, policy.version, r.cfg.train.max_staleness)
         return tasks, trajs, n_stale, t_roll, t_gen
