@@ -530,7 +530,8 @@ class Terminal:
         only when Docker failed or the harness fails on a fresh container too (tests/test_tampering.py)."""
         t = self.task
         if self.dead:  # the agent broke its own container: a failed episode, not an infrastructure error
-            return Grade(0.0, False, {}, f"[the terminal is dead: {self.dead}]", None)
+            return Grade(0.0, False, {}, f"[the terminal is dead: {self.dead}]", None,
+                         tampered=self.agent_stopped() or f"the agent made its container unusable: {self.dead}")
         try:
             exports = self._agent_exports() if t.tests_in_agent_shell else {}
             evidence = [] if t.keep_agent_processes else self._stop_agent()
@@ -643,6 +644,9 @@ class Terminal:
             state = self.client.api.inspect_container(self.id)["State"]
             if not state.get("Running"):
                 return f"the container stopped during the episode (exit code {state.get('ExitCode')})"
+            procs = self._procs()
+            if procs is not None and _first_child(self._host_pid, procs) is None:  # stopping right now
+                return "the container stopped during the episode (its keep-alive process was killed)"
         return None
 
     def _failed(self, e: Exception) -> Grade:
@@ -660,7 +664,10 @@ class Terminal:
         if procs is None:  # a daemon on another machine: kill from inside, with the container's tools
             self.exec(_KILL_INSIDE, 30, workdir="/")
             return []
-        keep = {self._host_pid, _first_child(self._host_pid, procs)}
+        sleeper = _first_child(self._host_pid, procs)
+        if sleeper is None:  # the container is stopping: nothing to grade in
+            return ["the process that keeps the container up was killed during the episode"]
+        keep = {self._host_pid, sleeper}
         stopped: dict[int, str] = {}
         for _ in range(1000):  # SIGSTOP until no new process appears: a stopped process cannot fork
             new = [h for h in procs if h not in keep and h not in stopped]

@@ -173,7 +173,7 @@ def test_agent_that_stops_its_container_is_graded_zero_not_masked(docker_env, fi
     with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=("pkill -9 -x sleep",)) as policy:
         traj = R.run_episode(fixture_tasks["tb1"], policy, docker_env, R.RolloutConfig(max_turns=3))
     assert traj.valid and traj.reward == 0.0, (traj.finish_reason, traj.error)
-    assert "container stopped" in traj.grade["tampered"]
+    assert "container" in traj.grade["tampered"], (traj.finish_reason, traj.grade)
     assert R.rollout_metrics([traj])["rollout/tampered"] == 1
 
 
