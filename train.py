@@ -688,10 +688,11 @@ def run(cfg: Config, resume: bool = False) -> dict:
             distributed.load_optimizer_state(model, opt, state["sft_optimizer"])
             for g, (lr, initial) in zip(opt.param_groups, lrs):
                 g["lr"], g["initial_lr"] = lr, initial
-    if "rng" in state:
-        set_rng_state(state["rng"])
     full_ckpt = ckpt is not None and not cfg.model.lora
     engine = make_engine(cfg, ckpt / "model" if full_ckpt else cfg.model.path, device)
+    if "rng" in state:  # after the engine: vLLM seeds python/numpy/torch when it starts, which would
+        # overwrite the checkpoint's states (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit)
+        set_rng_state(state["rng"])
     if cfg.engine.kind == "vllm":
         distributed.check_engine_placement(*engine.placement(), device)
     policy = rollout.Policy(engine, tok, version=start, template_kwargs=rcfg.chat_template_kwargs,
