@@ -451,18 +451,17 @@ def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_pat
 
 
 def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vllm_engine, tmp_path):
-    """model.lora: SFT updates (train.update) teach the adapter a reply the base model does not give,
-    train.sync_weights hot-swaps it into the session's vLLM CPU engine, and then the engine's greedy
-    reply is the trainer's greedy reply with the new adapter (and not the base model's), and its
-    sampled-token log-probs are the trainer's. train.py's score-based sync check is off for LoRA on
-    vLLM CPU; this is the proof that the adapter lands. Catches a sync whose adapter never reaches
-    the engine (an adapter id vLLM has cached, verl#7495; saving the untrained or the base weights)."""
+    """model.lora: SFT updates (train.update) on the adapter, train.sync_weights hot-swaps it into the
+    session's vLLM CPU engine; then the engine's greedy reply is the trainer's greedy reply with the
+    new adapter, which is not the base model's, and its sampled-token log-probs are the trainer's.
+    train.py's score-based sync check is off for LoRA on vLLM CPU; this is the proof that the adapter
+    lands. Catches a sync whose adapter never reaches the engine (an adapter id vLLM has cached,
+    verl#7495; saving the untrained adapter or the base weights)."""
     import rollout as R
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}", "model.lora=true"])
-    chat = R.ChatFormat(tiny_tokenizer)
-    prompt = chat.prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "Say the word"}])
-    target = tiny_tokenizer.encode("submit the banana now", add_special_tokens=False) + [chat.stop_id]
-    ids = torch.tensor([prompt + target])
+    stop = R.ChatFormat(tiny_tokenizer).stop_id
+    prompt = tiny_tokenizer.encode("<|im_start|>user\nSay the word<|im_end|>\n<|im_start|>assistant\n")
+    ids = torch.tensor([prompt + tiny_tokenizer.encode("banana", add_special_tokens=False) + [stop]])
     loss = torch.zeros(ids.shape)
     loss[0, len(prompt):] = 1
     batch = algo.Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=loss,
@@ -472,23 +471,27 @@ def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vll
                        policy_version=torch.zeros(1, dtype=torch.long), finish_reason=["submitted"])
     torch.manual_seed(0)
     model = train.load_model(cfg, "cpu")
-    opt, sched = train.make_optimizer(model, 1e-2, 0.0, (0.9, 0.999), 0, 30, "constant")
-    for _ in range(30):
+    opt, sched = train.make_optimizer(model, 1e-2, 0.0, (0.9, 0.999), 0, 20, "constant")
+    for _ in range(20):
         train.update(model, opt, sched, batch, None, cfg, sft=True)
     model.eval()
-    with torch.no_grad():
-        trainer = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=len(target), eos_token_id=chat.stop_id,
-                                 pad_token_id=tiny_tokenizer.pad_token_id)[0, len(prompt):].tolist()
-    assert trainer == target, "the adapter must have learnt the reply for this test to mean anything"
-    greedy = R.Sampling(temperature=0.0, max_tokens=len(target), stop_token_ids=(chat.stop_id,))
+
+    def trainer_greedy():
+        with torch.no_grad():
+            return model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                  do_sample=False, max_new_tokens=12, eos_token_id=stop,
+                                  pad_token_id=tiny_tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    with model.disable_adapter():
+        base = trainer_greedy()
+    tuned = trainer_greedy()
+    assert tuned != base, "the updates must change the greedy reply for this test to mean anything"
+    greedy = R.Sampling(temperature=0.0, max_tokens=12, stop_token_ids=(stop,))
     with R.Policy(vllm_engine, tiny_tokenizer) as policy:
         try:
-            base = policy.generate(prompt, greedy).token_ids
+            assert policy.generate(prompt, greedy).token_ids == base
             train.sync_weights(model, policy, cfg, tmp_path, 1)
-            assert policy.version == 1
-            assert policy.generate(prompt, greedy).token_ids == trainer != base
-            c = policy.generate(prompt, R.Sampling(temperature=1.0, max_tokens=12, seed=3, stop_token_ids=(chat.stop_id,)))
+            assert policy.version == 1 and policy.generate(prompt, greedy).token_ids == tuned
+            c = policy.generate(prompt, R.Sampling(temperature=1.0, max_tokens=12, seed=3, stop_token_ids=(stop,)))
         finally:  # the engine is shared by the whole session: back to the base model
             policy.load_lora(None, 0)
     seq = torch.tensor([prompt + c.token_ids])
@@ -527,8 +530,10 @@ def _same_tensors(a, b, where: str):
 def _same_checkpoint(a: Path, b: Path):
     """Weights, optimizer and scheduler state, RNG states and refreshed experts of two checkpoints, bit for bit."""
     from safetensors.torch import load_file
-    _same_tensors(load_file(a / "model" / "model.safetensors"), load_file(b / "model" / "model.safetensors"),
-                  f"{a.name} weights")
+    files = sorted(p.name for p in (a / "model").glob("*.safetensors"))  # the model, or the LoRA adapter
+    assert files and files == sorted(p.name for p in (b / "model").glob("*.safetensors"))
+    for f in files:
+        _same_tensors(load_file(a / "model" / f), load_file(b / "model" / f), f"{a.name} {f}")
     sa, sb = (torch.load(c / "trainer.pt", weights_only=False) for c in (a, b))
     for key in ("step", "optimizer", "scheduler", "rng", "experts"):
         _same_tensors(sa.get(key), sb.get(key), f"{a.name} {key}")
@@ -547,14 +552,17 @@ def _trajectories(out: Path, version: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(tiny_model_dir, tmp_path):
-    """A real run (SFT + 3 RL steps, vLLM CPU + Docker), SIGKILLed after its first RL checkpoint and
-    resumed, ends where an unbroken run with the same config ends, bit for bit: weights, AdamW
-    moments, scheduler, RNG states, and the trajectories every step after the resume point samples
-    (so the engine restarts on the same weights with the same seeds). Catches a resume that restores
-    the weights but not the optimizer (moments restart at 0), the scheduler, the RNG states, the
-    data position or the engine's weights, any of which the old check (the tasks each step trained
-    on, a pure function of the step) let through."""
+@pytest.mark.parametrize("lora", [False, True])
+def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_model_dir, tmp_path):
+    """A real run (SFT + 3 RL steps, vLLM CPU + Docker; all weights, or a LoRA adapter), SIGKILLed
+    after its first RL checkpoint and resumed, ends where an unbroken run with the same config
+    ends, bit for bit: weights (or adapter), AdamW moments, scheduler, RNG states, and the
+    trajectories every step after the resume point samples (so the restarted engine serves the
+    checkpoint's weights or adapter, with the same seeds). With algo.negative_reward=-1 every RL
+    step moves the weights. Catches a resume that restores the weights but not the optimizer
+    (moments restart at 0), the scheduler, the RNG states (vLLM's start reseeds them), the data
+    position, or the engine's weights / adapter, any of which the old check (the tasks each step
+    trained on, a pure function of the step) let through."""
     import shutil
     model = tmp_path / "tiny"
     shutil.copytree(tiny_model_dir, model)
@@ -563,7 +571,7 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(tiny_model_di
                  "train.steps=3", "train.tasks_per_step=2", "train.group_size=2",
                  "rollout.max_turns=3", "rollout.max_tokens_per_turn=64",
                  "eval.num_tasks=2", "eval.samples=1", "eval.every=0", "checkpoint.every=1",
-                 "checkpoint.keep_last=3"]
+                 "checkpoint.keep_last=3", "algo.negative_reward=-1.0", f"model.lora={lora}"]
     cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     whole, out = tmp_path / "whole", tmp_path / "run"
@@ -595,6 +603,10 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(tiny_model_di
         _same_checkpoint(whole / "checkpoints" / f"step_{step:06d}", out / "checkpoints" / f"step_{step:06d}")
         a = _trajectories(whole, step - 1)  # sampled by the policy of step - 1, after the resume
         assert a and sorted(a) == sorted(_trajectories(out, step - 1)[-len(a):]), f"step {step}'s rollouts differ"
+    from safetensors.torch import load_file
+    weights = [load_file(next((out / "checkpoints" / f"step_{s:06d}" / "model").glob("*.safetensors"))) for s in range(4)]
+    for s, (a, b) in enumerate(zip(weights, weights[1:])):
+        assert any(not torch.equal(a[k], b[k]) for k in a), f"RL step {s + 1} did not move the weights"
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", overrides)
     tasks, _ = train.load_task_sets(cfg)
     expected = {s + 1: [t.name for t in train.step_tasks(tasks, s, 2, cfg.seed)] for s in range(3)}
