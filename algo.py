@@ -16,17 +16,24 @@ Conventions
 - Losses are built per token, then reduced once by `aggregate`. Masks never change shapes:
   a token that must not train gets weight 0 and leaves the denominator.
 
-Gradient accumulation (micro-batches) gives exactly the full-batch loss when the batch-level
-parts are computed once on the full batch and passed in:
+Gradient accumulation (micro-batches), as learner.rl_step does it: the batch-level parts are
+computed once on the whole batch, each micro-batch's loss is summed (denominator 1), and the summed
+gradient is divided by the whole batch's denominator. The gradient is linear in 1/denominator, so
+this is exactly the full-batch loss, and it needs no micro-batch's π_old before that micro-batch
+runs (on-policy, the mismatch masks depend on the log-probs of its own forward):
 
     adv = compute_advantages(batch, cfg)
     keep, _ = keep_rows(batch, adv, cfg)                 # group filters need whole groups
-    den = loss_denominator(batch, adv, cfg, keep)        # global token / sequence count
-    for idx in torch.arange(len(batch)).split(micro_batch_size):
-        mb = batch.select(idx)
+    rows, known = rows_that_train(batch, adv, keep, cfg) # rows whose loss can move the weights
+    masks = []
+    for idx in micro_batches_of(rows):                   # learner.py packs them by token budget
+        mb = <rows idx of batch>
         lp, ent = token_logprobs(model(mb.input_ids).logits, mb.input_ids)
-        loss, m = policy_loss(lp, mb, adv[idx], cfg, ent, keep=keep[idx], denominator=den)
-        loss.backward()                                  # sum of micro losses == full loss
+        loss, m = policy_loss(lp, mb, adv[idx], cfg, ent, keep=keep[idx], denominator=1.0)
+        loss.backward()
+        masks.append(<train_masks(mb, ...)'s rl + il>)
+    den = aggregation_denominator(known if known is not None else cat(masks), cfg.agg, cfg.norm_length)
+    for p in params: p.grad /= den                       # sum of micro losses / den == full loss
 """
 from __future__ import annotations
 
@@ -69,7 +76,7 @@ class Batch:
                                    train.py fills it before the update. None means "on-policy":
                                    policy_loss then uses the current log-probs, detached.
       ref_logprobs    FloatTensor | None  log π_ref(token), the reference policy's, for the KL term
-                                   (algo.kl_coef); train.py fills it (fill_ref_logprobs).
+                                   (algo.kl_coef); learner.fill_ref_logprobs fills it.
     Per trajectory [B]:
       num_chunks      LongTensor   K, the number of assistant turns (sampled + prefilled).
       reward          FloatTensor  final reward R; NaN for an infrastructure failure.
@@ -100,20 +107,6 @@ class Batch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
-
-    def select(self, idx) -> "Batch":
-        """Rows `idx` (a LongTensor of indices) as a new Batch, e.g. one micro-batch."""
-        idx = torch.as_tensor(idx, dtype=torch.long, device=self.input_ids.device)
-        kw = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, torch.Tensor):
-                kw[f.name] = v[idx]
-            elif isinstance(v, list):
-                kw[f.name] = [v[i] for i in idx.tolist()]
-            else:
-                kw[f.name] = v
-        return Batch(**kw)
 
     def to(self, device) -> "Batch":
         """A copy with every tensor on `device`."""
@@ -240,23 +233,6 @@ class AlgoConfig:
         if self.agg == "seq_sum_norm" and self.norm_length is None:
             raise ValueError("algo.agg = 'seq_sum_norm' (Dr.GRPO) divides by a constant: set algo.norm_length, "
                              "e.g. to rollout.max_context (a batch's padded length would change with its rows)")
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "AlgoConfig":
-        """Build from the YAML `algo:` mapping; unknown keys are an error that lists the known ones."""
-        d = dict(d or {})
-        known = {f.name: f.type for f in fields(cls)}
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ValueError(f"unknown algo key(s) {unknown}; known keys: {sorted(known)}")
-        for name, v in d.items():  # YAML 1.1 reads 1e-6 (no dot) as a string
-            kind = known[name].split(" ")[0]
-            if isinstance(v, str) and kind in ("float", "int"):
-                try:
-                    d[name] = float(v) if kind == "float" else int(v)
-                except ValueError:
-                    raise ValueError(f"algo.{name} = {v!r} is not a number") from None
-        return cls(**d)
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,6 +387,25 @@ def rows_with_signal(advantages, sampled, imitation):
     """[B] bool: rows with a sampled token of nonzero advantage or an imitation token, the rows
     whose policy-gradient and imitation terms can move the weights."""
     return ((advantages * sampled).abs().sum(-1) > 0) | (imitation.sum(-1) > 0)
+
+
+def rows_that_train(batch: Batch, advantages, keep, cfg: AlgoConfig):
+    """Rows whose loss can move the weights, and the whole batch's trained-token mask when rows are
+    left out (the loss denominator counts their tokens all the same), else None.
+
+    Rows not in `keep` have empty masks. Without a KL or entropy term, a row whose trained tokens
+    all have advantage 0 (a failed episode under REINFORCE, a zero-variance group under GRPO) has
+    zero gradient under every loss here, so it need not be forwarded. Its tokens' mismatch mask
+    needs π_old, so such rows are left out only once π_old is known (batch.old_logprobs) or when
+    cfg.mismatch does not use it."""
+    rows = [i for i in range(len(batch)) if keep[i]]
+    if cfg.kl_coef or cfg.entropy_coef or (batch.old_logprobs is None
+                                          and cfg.mismatch in ("token_mask", "chunk_mask")):
+        return rows, None
+    old = batch.old_logprobs if batch.old_logprobs is not None else batch.infer_logprobs  # unused by the masks then
+    rl, il, _, _ = train_masks(batch, advantages, cfg, old, keep)
+    moves = rows_with_signal(advantages, rl, il)
+    return [i for i in rows if moves[i]], rl + il
 
 
 def keep_rows(batch: Batch, advantages, cfg: AlgoConfig):
@@ -608,19 +603,6 @@ def aggregate(loss, mask, agg, denominator, row_tokens=None):
         row_tokens = mask.sum(-1) if row_tokens is None else row_tokens
         return (masked.sum(-1) / row_tokens.clamp(min=1)).sum() / denominator
     return masked.sum() / denominator
-
-
-def loss_denominator(batch: Batch, advantages, cfg: AlgoConfig, keep=None):
-    """The full batch's aggregation denominator, for micro-batched updates (see module doc).
-    Needs batch.old_logprobs when a mismatch mask is on (the masks depend on π_old)."""
-    old = batch.old_logprobs
-    if old is None:
-        if cfg.mismatch in ("token_mask", "chunk_mask"):
-            raise ValueError("loss_denominator needs batch.old_logprobs when algo.mismatch masks tokens; "
-                             "fill old_logprobs first (or use mismatch 'none' / 'token_tis')")
-        old = batch.infer_logprobs
-    rl, il, _, _ = train_masks(batch, advantages, cfg, old, keep)
-    return aggregation_denominator(rl + il, cfg.agg, cfg.norm_length)
 
 
 def advantage_stats(advantages, rl) -> dict:

@@ -57,6 +57,17 @@ class DataConfig:
     #                                        "train" = the train vocabulary in new combinations (eval_seed)
     eval_seed: int = 0
     generated_kinds: list = field(default_factory=list)  # tasks.EASY_KINDS to generate (train and eval); [] = all
+    strict_tasks: bool = False             # a malformed task in train_tasks / eval_tasks is an error, not skipped
+
+
+@dataclass
+class EnvConfig:
+    # the three networks of README "Running official Terminal-Bench tasks": default = the daemon's
+    # network where it has one; none; or a docker network name
+    build_network: str = "default"         # image builds (Dockerfiles apt-get / pip install)
+    agent_network: str = "none"            # the agent's container, for tasks that allow_internet; none = always offline
+    grading_network: str = "default"       # joined once the agent's processes are gone, by tasks whose tests fetch their runner
+    multi_reward: str = "mean"             # Harbor reward.json with several keys and no "reward": mean | min | error
 
 
 @dataclass
@@ -70,8 +81,6 @@ class SFTConfig:
     val_every: int = 10                    # ... scored every this many steps: val_nll and val_oracle_prob
     stop_at_val_prob: float = 0.0          # end SFT early once val_oracle_prob (the chance the policy samples a
     #                                        val oracle trajectory exactly) reaches this; 0 = all sft.steps
-    restart_below: float = 0.0             # SFT that ends with val_oracle_prob below this starts over: a new random
-    restarts: int = 0                      # init (tiny model) or the pretrained weights again, new data order; at most this often
     keep_moments: bool = True              # RL's AdamW starts from SFT's moments (its own lr and schedule):
     #                                        a fresh Adam's first steps move every weight by ~lr (sign-like)
 
@@ -118,12 +127,10 @@ class Config:
     out_dir: str = ""                      # default runs/<run_name>
     seed: int = 0
     device: str = "auto"                   # auto | cpu | cuda
-    threads: int = 0                       # torch CPU threads for SFT; 0 = default. On a shared, oversubscribed
-    #                                        CPU 1 can be 10x faster than 2. (Once the vLLM CPU engine starts
-    #                                        it pins torch's threads for the rest of the process.)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     rollout: dict = field(default_factory=dict)   # -> rollout.RolloutConfig (checked against it)
     algo: dict = field(default_factory=dict)      # -> algo.AlgoConfig (checked against it)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -261,7 +268,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("engine.kind", cfg.engine.kind, ("vllm", "hf")),
                                ("data.eval_split", cfg.data.eval_split, ("train", "heldout")),
                                ("device", cfg.device, ("auto", "cpu", "cuda")),
-                               ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16"))]:
+                               ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16")),
+                               ("env.multi_reward", cfg.env.multi_reward, ("mean", "min", "error"))]:
         if val not in allowed:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
     if cfg.data.generated_kinds:
@@ -273,12 +281,6 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         raise ConfigError(f"sft.stop_at_val_prob must be in [0, 1), got {cfg.sft.stop_at_val_prob}")
     if cfg.sft.stop_at_val_prob and cfg.sft.val_tasks < 1:
         raise ConfigError("sft.stop_at_val_prob needs validation trajectories: set sft.val_tasks >= 1")
-    if cfg.sft.restarts < 0 or (cfg.sft.restarts and not 0.0 < cfg.sft.restart_below < 1.0):
-        raise ConfigError(f"sft.restarts ({cfg.sft.restarts}) must be >= 0, and with restarts sft.restart_below "
-                          f"must be in (0, 1), got {cfg.sft.restart_below}")
-    if cfg.sft.restarts and (cfg.sft.val_tasks < 1 or cfg.model.lora):
-        raise ConfigError("sft.restarts needs sft.val_tasks >= 1 (it decides on val_oracle_prob) and full "
-                          "fine-tuning (model.lora: false)")
     if cfg.sft.val_every < 1:
         raise ConfigError(f"sft.val_every must be >= 1, got {cfg.sft.val_every}")
     if cfg.train.micro_batch_tokens < 1:

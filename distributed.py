@@ -3,7 +3,29 @@ stays readable. Every function is a no-op or the identity for a single process.
 
     torchrun --nproc-per-node 8 train.py --config configs/qwen3-full-8gpu.yaml
 """
+import contextlib
 import os
+import signal
+import time
+
+
+@contextlib.contextmanager
+def error_said_once():
+    """A set-up error every rank meets alike (no GPU, a bad key, no Docker) is printed by rank 0
+    alone; the other ranks exit with the same status, silently. Eight copies of one line above
+    torchrun's own failure report hid the line: tests/test_readme.py runs the README's torchrun
+    command on a machine without GPUs and counts it."""
+    try:
+        yield
+    except SystemExit as e:
+        if not isinstance(e.code, str) or int(os.environ.get("RANK", "0")) == 0:
+            raise
+        # rank 0 meets the same error and fails, and torchrun then stops this rank: that SIGTERM
+        # ends it quietly (exit 0), so torchrun's report names rank 0 alone. A rank whose error
+        # rank 0 did not share is not stopped, and says it after the wait.
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        time.sleep(30)
+        raise
 
 
 def unwrap(model):

@@ -28,6 +28,7 @@ import sys
 import tarfile
 import threading
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,11 +43,16 @@ FLOOD_LIMIT = 32 << 20      # a command that streams more than this is killed li
 INLINE_TESTS_MAX = 48 << 10  # tests up to this tar size go in on the grading command line (argv <= 128 KiB)
 _NOT_INSTALLED = "__termrl_tests_not_installed__"
 FILE_SIZE_LIMIT = 1 << 30   # RLIMIT_FSIZE in containers: one runaway `yes > f` cannot fill the host disk
+DISK_CHECK_S = 0.5          # the disk watchdog's period, where the storage driver has no quota (README "Disk cap")
 SESSION_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "DEBIAN_FRONTEND": "noninteractive", "TERM": "dumb"}
 
 
 class InfraError(RuntimeError):
     """Docker daemon / image build / container start / test harness failure (not the agent's fault)."""
+
+
+class BuildError(InfraError):
+    """The task's own Dockerfile failed to build: a defect of the task (validate says so), no episode runs."""
 
 
 # --- Container bookkeeping: labels, the registry of live containers, cleanup on every kind of exit ---
@@ -90,6 +96,7 @@ def _is_stale(labels: dict) -> bool:
 _LIVE: dict[str, object] = {}   # container id -> docker client, for every container this process started
 _LIVE_LOCK = threading.RLock()  # re-entrant: a signal may land while this thread holds it
 _PREV_HANDLERS: dict = {}       # signal -> the handler ours replaced (called after cleanup)
+_SHUTDOWN = threading.Event()   # set by SIGINT/SIGTERM: no container starts after it
 _ATEXIT_DONE = False
 
 
@@ -112,6 +119,7 @@ def _on_signal(signum, frame):
     prev = _PREV_HANDLERS.get(signum)
     if prev == signal.SIG_IGN:
         return
+    _SHUTDOWN.set()
     cleanup_all()
     if callable(prev):
         prev(signum, frame)
@@ -196,73 +204,99 @@ class _Capped:
 # Runs once in every session. Commands run inside a function so that a USR1 trap can abort the
 # whole command (loops included) after its processes are killed; `declare` is made global there
 # so `declare -A x` persists as it would at a prompt. $? is carried over between commands.
+# __termrl_out is where the harness's markers go (an agent's `exec >file` keeps the framing) and
+# __termrl_in the commands' stdin: an empty pipe, so no path the agent can delete (/dev/null) is
+# needed; without /dev/fd stdin is closed instead.
 _PRELUDE = r"""exec 2>&1
-__termrl_rc() { return "$1"; }
-__termrl_run() { __termrl_rc "${__termrl_last:-0}"; eval "$1"; }
 declare() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin declare -g "$@"; else builtin declare "$@"; fi; }
 typeset() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin typeset -g "$@"; else builtin typeset "$@"; fi; }
-trap 'return 130 2>/dev/null' USR1
+trap 'return 130 2>&-' USR1
+exec {__termrl_out}>&1
+{ exec {__termrl_in}< <(:); } 2>&- || __termrl_in=-
 """
+KILL_GRACE_S = 1.0      # after a timeout: how long the shell gets to end the killed command before a restart
+TIMEOUT_MARGIN_S = 2.0  # run(timeout=t) returns within t + this (grace + restart); test_hostile measures it
+MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, a number)
+FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n"]  # the marker formats, for test_hostile's forgeries
+
+
+def _command_line(cmd: str, nonce: str) -> str:
+    """One command framed by a begin and an end marker carrying a fresh nonce.
+
+    The nonce is new for every command and only ever printed split in two, so neither a trace
+    (`set -x`, a DEBUG trap) nor an earlier command shows a marker an agent could replay. Before the
+    end marker is printed, functions named `builtin` are removed in POSIX mode (where `unset` and
+    `trap` are special builtins no function can shadow) and DEBUG/RETURN traps are cleared; every
+    name the harness calls is `\\`-quoted so no alias applies. test_hostile.test_framing_* forges it."""
+    a, b = nonce[:len(nonce) // 2], nonce[len(nonce) // 2:]
+    return (f"\\builtin read -r __t __t __t __t __termrl_wm </proc/loadavg; "
+            f"\\builtin printf '\\036B%s%s %s\\n' {a} {b} \"$__termrl_wm\" >&$__termrl_out; "
+            "__termrl_rc() { return \"$1\"; }; __termrl_run() { __termrl_rc \"${__termrl_last:-0}\"; eval \"$1\"; }; "
+            f"__termrl_run {shlex.quote(cmd)} <&$__termrl_in; "
+            "{ __termrl_last=$?; POSIXLY_CORRECT=y; \\unset -f builtin; \\unset POSIXLY_CORRECT; \\trap - DEBUG RETURN; "
+            f"\\builtin printf '\\n\\036E%s%s %d\\n' {a} {b} \"$__termrl_last\" >&$__termrl_out; }} 2>&-\n")
 
 
 class Terminal:
     """One container plus one persistent bash session; `run` commands, then `grade` the episode.
 
     Use one terminal from one thread at a time. run() raises InfraError only when the container
-    itself is gone; everything the agent can cause (timeouts, floods, `exit`) comes back as output."""
+    itself is gone; everything the agent can cause (timeouts, floods, `exit`) comes back as output.
+    When the agent made the container unusable (no bash left to start, disk cap exceeded) `dead`
+    says why: run() answers with that notice, and the episode should end (graded as a failure).
+
+    Background jobs keep running between commands (servers, builds), within the container's CPU,
+    memory, pid and disk limits. Their terminal output is not a later command's: when a command
+    ends with jobs still holding the terminal, the shell moves to a fresh output pipe and the old
+    one is no longer read (a job writing more than the pipe holds then blocks, as under Ctrl-S).
+    A command that ends with the container at its pid limit (a fork bomb) ends every background job."""
 
     def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP):
         self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
         self.task: Task | None = None
         self.closed = False
-        tok = os.urandom(8).hex()
-        # Markers are printed as printf '__termrl_%s_B' <tok> so that they never appear verbatim in
-        # the command line itself (which `set -x` would echo into the output).
-        self._tok = tok
-        self._begin, self._end = f"__termrl_{tok}_B ".encode(), f"\n__termrl_{tok}_E ".encode()
+        self.dead: str | None = None
+        self.disk_cap_mb = 0  # set by Env when the watchdog (not a storage quota) keeps the disk cap
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
+        self._cgroup = _cgroup_dirs(self._host_pid)
         self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
+        self._networked = False  # joined the grading network
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
         self._layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
         self._home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
+        self._socks = []  # every exec socket of this terminal (old output pipes stay open, unread)
+        self._relays = set()  # container pids of the processes whose stdout is the shell's output pipe
         self._start_session()
 
     # -- session plumbing ----------------------------------------------------------------------
     def _start_session(self):
+        _repair_dev_null(self._host_pid)
         ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
                                          stderr=True, tty=False, environment=SESSION_ENV)
         self._exec_id = ex["Id"]
-        self._sio = self.client.api.exec_start(self._exec_id, socket=True)
-        self._sock = self._sio._sock
+        self._sock = self._out = self.client.api.exec_start(self._exec_id, socket=True)._sock
+        self._socks.append(self._sock)
         self._raw, self._pending = bytearray(), bytearray()
-        self._send(_PRELUDE + f"printf '__termrl_%s_E %s\\n' {self._tok} \"$$\"\n")
-        found, pid = self._read_until(self._end[1:], time.monotonic() + 30, _Capped(4096))
+        nonce = os.urandom(8).hex()
+        self._send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
+        found, pid = self._read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30, _Capped(4096))
         if not found:
             raise InfraError(f"container {self.id[:12]}: the bash session did not start")
         self._session_pid = int(pid)
         if not hasattr(self, "_floor"):
             self._floor = self._session_pid - 1  # pids up to here are init and its `sleep`
+        procs = _container_procs(self._host_pid, self._cgroup) or {}
+        shell = next((h for h, n in procs.items() if n == self._session_pid), None)
+        self._out_pipe = _readlink(f"/proc/{shell}/fd/1") if shell else None
 
     def _send(self, text: str):
         self._sock.sendall(text.encode())
 
     def _frames(self, deadline: float) -> bytes | None:
         """Payload of the next docker stream frames; b"" when the session ended, None on timeout."""
-        while True:
-            if len(self._raw) >= 8:
-                size = struct.unpack(">I", self._raw[4:8])[0]
-                if len(self._raw) >= 8 + size:
-                    out = bytes(self._raw[8:8 + size])
-                    del self._raw[:8 + size]
-                    return out
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([self._sock], [], [], wait)[0]:
-                return None
-            chunk = self._sock.recv(1 << 16)
-            if not chunk:
-                return b""
-            self._raw += chunk
+        data = _next_frame(self._out, self._raw, deadline)
+        return data
 
     def _read_until(self, marker: bytes, deadline: float, sink: _Capped, flood: int = 0):
         """Stream into sink until `marker<digits>\\n`; returns (found, digits | reason)."""
@@ -292,100 +326,201 @@ class Terminal:
                 return False, "eof"
             window += data
 
-    def _kill_command(self, watermark: int):
-        """Kill every process the current command started (pids above the watermark), not the shell."""
+    def _procs(self) -> dict | None:
+        return _container_procs(self._host_pid, self._cgroup)
+
+    def _kill_command(self, watermark: int, shell_too: bool = False) -> bool:
+        """Kill every process the current command started (pids above the watermark); the shell gets
+        USR1 (ends the command) or, with shell_too, SIGKILL. True when nothing above it is left."""
         api = self.client.api
-        host = _container_procs(self._host_pid)
+        host = self._procs()
         if host is not None:  # local daemon: freeze the container so nothing forks while we kill
             with contextlib.suppress(Exception):
                 api.pause_container(self.id)
-            host = _container_procs(self._host_pid) or {}
-            for hpid, nspid in host.items():
-                try:
-                    if nspid == self._session_pid:
-                        os.kill(hpid, signal.SIGUSR1)
-                    elif nspid > watermark:
-                        os.kill(hpid, signal.SIGKILL)
-                except OSError:
-                    pass
-            with contextlib.suppress(Exception):
-                api.unpause_container(self.id)
-            return
-        script = (f"kill -USR1 {self._session_pid}; for p in /proc/[0-9]*; do p=${{p#/proc/}}; "
-                  f"[ $p -gt {watermark} ] && [ $p != $$ ] && kill -9 $p; done 2>/dev/null; true")
+            try:
+                for hpid, nspid in (self._procs() or {}).items():
+                    with contextlib.suppress(OSError):
+                        if nspid == self._session_pid and not shell_too:
+                            os.kill(hpid, signal.SIGUSR1)
+                        elif nspid > watermark and (shell_too or nspid not in self._relays):
+                            os.kill(hpid, signal.SIGKILL)
+            finally:
+                with contextlib.suppress(Exception):
+                    api.unpause_container(self.id)
+            if not shell_too:
+                return True
+            end = time.monotonic() + 5  # SIGKILLed processes vanish once the kernel reaps them
+            while time.monotonic() < end:
+                left = [n for n in (self._procs() or {}).values() if n > watermark]
+                if not left:
+                    return True
+                time.sleep(0.02)
+            return False
+        sig = "-9" if shell_too else "-USR1"
+        script = (f"kill {sig} {self._session_pid}; for p in /proc/[0-9]*; do p=${{p#/proc/}}; "
+                  f"[ $p -gt {watermark} ] && [ $p != $$ ] && kill -9 $p; done 2>&-; true")
         with contextlib.suppress(Exception):
-            api.exec_start(api.exec_create(self.id, ["sh", "-c", script])["Id"])
+            _exec(self.client, self.id, ["sh", "-c", script], 10)
+        return True
 
-    def _restart_session(self):
-        """Replace a dead or unrecoverable shell with a fresh one (state is lost, the container stays)."""
-        with contextlib.suppress(OSError):
-            self._sock.close()
+    def _alive(self) -> bool:
+        with contextlib.suppress(Exception):
+            return bool(self.client.api.inspect_container(self.id)["State"]["Running"])
+        return False
+
+    def _restart_session(self) -> bool:
+        """Replace a dead or unrecoverable shell with a fresh one (state is lost, the container stays).
+        Every process but init and its sleep is SIGKILLed first, the old shell included, and checked
+        gone. False (and `dead` set) when the agent left the container unable to start a shell."""
+        for s in self._socks:
+            with contextlib.suppress(OSError):
+                s.close()
+        self._socks, self._relays = [], set()
+        if self.dead:
+            return False
         try:
-            self._kill_command(self._floor)  # everything but init and its sleep goes
+            if not self._kill_command(self._floor, shell_too=True):
+                raise InfraError(f"container {self.id[:12]}: processes survived SIGKILL")
             self._start_session()
-        except InfraError:
-            raise
+            return True
         except Exception as e:
-            raise InfraError(f"container {self.id[:12]} is unusable: {type(e).__name__}: {e}") from None
+            if not self._alive():
+                if isinstance(e, InfraError):
+                    raise
+                raise InfraError(f"container {self.id[:12]} is unusable: {type(e).__name__}: {e}") from None
+            self.dead = "no new shell can start in this container (was bash or the filesystem deleted?)"
+            return False
+
+    def _dead_result(self, t0: float, out: str = "") -> CommandResult:
+        return CommandResult(out + f"\n[the terminal is dead: {self.dead}; the episode is over]",
+                             None, False, time.monotonic() - t0, False)
 
     # -- public API ----------------------------------------------------------------------------
     def run(self, cmd: str, timeout: float = 30) -> CommandResult:
-        """Run one command in the persistent shell; on timeout kill the command, keep the shell."""
+        """Run one command in the persistent shell; on timeout kill the command, keep the shell.
+        Returns within timeout + TIMEOUT_MARGIN_S."""
         if self.closed:
             raise InfraError("terminal is closed")
         t0 = time.monotonic()
-        sink = _Capped(self.output_cap)
-        line = (f"read -r __t __t __t __t __termrl_wm </proc/loadavg; printf '__termrl_%s_B %s\\n' {self._tok} "
-                f"\"$__termrl_wm\"; __termrl_run {shlex.quote(cmd)} </dev/null; __termrl_last=$?; "
-                f"printf '\\n__termrl_%s_E %d\\n' {self._tok} \"$__termrl_last\"\n")
+        if self.dead:
+            return self._dead_result(t0)
+        first = self._end_fork_bomb()
+        note, sink = "", _Capped(self.output_cap)
+        nonce = os.urandom(8).hex()
         try:
-            self._send(line)
+            self._send(_command_line(cmd, nonce))
         except OSError as e:
-            self._restart_session()
+            if not self._restart_session():
+                return self._dead_result(t0)
             return CommandResult(f"[the shell had died ({e}); a new shell was started, please retry]",
                                  None, False, time.monotonic() - t0, False)
         deadline = t0 + timeout
-        pre = _Capped(self.output_cap)
-        found, wm = self._read_until(self._begin, deadline, pre)
-        note, exit_code, timed_out = "", None, False
+        # what arrives before the begin marker is background output between commands: dropped
+        found, wm = self._read_until(f"{MARK}B{nonce} ".encode(), deadline, _Capped(0))
+        exit_code, timed_out = None, False
         if found:
-            if pre.total:
-                sink.add(pre.head + pre.tail)  # output of earlier background jobs comes first
-            found, status = self._read_until(self._end, deadline, sink, flood=FLOOD_LIMIT)
+            found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
             if found:
                 exit_code = int(status)
+                note += self._detach_background()
             elif status == "eof":
-                note = "\n[the shell exited; a new shell was started in the working directory]"
-                self._restart_session()
+                if self.dead or not self._restart_session():
+                    return self._dead_result(t0, sink.text())
+                note += "\n[the shell exited; a new shell was started in the working directory]"
             else:
                 timed_out = True
                 why = (f"timed out after {timeout:g}s" if status == "timeout"
                        else f"produced more than {FLOOD_LIMIT >> 20} MiB of output")
-                note = self._recover(int(wm), why, sink)
+                note += self._recover(int(wm), why, sink, nonce)
         else:  # the shell never picked the command up
             timed_out = wm == "timeout"
-            note = (f"\n[the shell did not respond within {timeout:g}s" if timed_out else "\n[the shell exited") + \
+            if self.dead or not self._restart_session():
+                return self._dead_result(t0)
+            note += (f"\n[the shell did not respond within {timeout:g}s" if timed_out else "\n[the shell exited") + \
                 "; a new shell was started in the working directory]"
-            self._restart_session()
-        out = sink.text() + note
-        return CommandResult(out, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted))
+        if self.dead:
+            return self._dead_result(t0, sink.text())
+        return CommandResult(first + sink.text() + note, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted))
 
-    def _recover(self, watermark: int, why: str, sink: _Capped) -> str:
-        for _ in range(3):
-            self._kill_command(watermark)
-            found, _ = self._read_until(self._end, time.monotonic() + 2, sink)
-            if found:
-                return f"\n[command {why} and was killed; the shell is still usable]"
-        self._restart_session()
+    def _recover(self, watermark: int, why: str, sink: _Capped, nonce: str) -> str:
+        self._kill_command(watermark)
+        found, _ = self._read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
+        if found:
+            return f"\n[command {why} and was killed; the shell is still usable]"
+        if not self._restart_session():
+            return ""
         return f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd were reset]"
 
+    def _end_fork_bomb(self) -> str:
+        """At the container's pid limit no command could fork: end every background process."""
+        cur, top = _cgroup_read(self._cgroup, "pids", "pids.current"), _cgroup_read(self._cgroup, "pids", "pids.max")
+        if not (cur.isdigit() and top.isdigit()) or int(cur) < int(top) - 2:
+            return ""
+        self._kill_command(self._floor)  # the shell only gets USR1, which an idle shell ignores
+        return f"[the container reached its limit of {top} processes: every background process was killed]\n"
+
+    def _detach_background(self) -> str:
+        """Move the shell to a fresh output pipe when background jobs still hold the current one."""
+        procs = self._procs()
+        if not procs or not self._out_pipe:
+            return ""
+        holders = [h for h, n in procs.items() if n > self._floor and n != self._session_pid
+                   and n not in self._relays and self._out_pipe in _fd_targets(h)]
+        if not holders:
+            return ""
+        shell = next((h for h, n in procs.items() if n == self._session_pid), None)
+        try:
+            ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc", "-c",
+                                                       "builtin printf '%s\\n' $$; builtin read -r _"],
+                                             stdin=True, stdout=True, stderr=True, tty=False)
+            sock = self.client.api.exec_start(ex["Id"], socket=True)._sock
+            self._socks.append(sock)
+            buf, data = bytearray(), b""
+            end = time.monotonic() + 10
+            while b"\n" not in data:
+                chunk = _next_frame(sock, buf, end)
+                if not chunk:
+                    return ""
+                data += chunk
+            pid = int(data.split(b"\n")[0])
+            self._relays.add(pid)
+            # the shell's fds that were the terminal follow it (stdout, stderr, an agent's saved copy);
+            # a stdout the agent sent elsewhere (`exec >f`) stays there
+            fds = os.listdir(f"/proc/{shell}/fd") if shell else []
+            redirs = " ".join(f"{fd}>&$__termrl_out" for fd in sorted(fds, key=int)
+                              if _readlink(f"/proc/{shell}/fd/{fd}") == self._out_pipe)
+            nonce = os.urandom(8).hex()
+            self._send(f"{{ exec {{__termrl_out}}>&- {{__termrl_out}}>/proc/{pid}/fd/1; }} 2>&-; exec {redirs}; "
+                       f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} 0 >&$__termrl_out\n")
+            self._out, self._raw = sock, buf
+            found, _ = self._read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 10, _Capped(0))
+            if not found:
+                return ""
+            host = next((h for h, n in (self._procs() or {}).items() if n == pid), None)
+            self._out_pipe = _readlink(f"/proc/{host}/fd/1") if host else None
+        except Exception:  # the old pipe stays in use: background output may then reach later commands
+            return ""
+        return ""
+
+    def check_disk(self):
+        """End the terminal (dead) when its writable layer is over disk_cap_mb."""
+        upper = self._layers[0]
+        if upper and os.path.isdir(upper):
+            used = _dir_bytes(upper)
+        else:  # a remote daemon: it measures the layer itself (slower)
+            used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
+        if used > self.disk_cap_mb << 20:
+            self.dead = f"the container's files grew past its disk cap of {self.disk_cap_mb} MiB"
+            self._kill_command(self._floor, shell_too=True)
+
     def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):
-        """Run a command in a fresh process (not the agent's shell): (exit code, output)."""
-        wrapped = f"timeout -k 5 {max(1, int(timeout))} bash -c {shlex.quote(cmd)}"
-        r = self.client.api.exec_create(self.id, ["bash", "-c", wrapped], environment=env,
-                                        workdir=workdir or (self.task.workdir if self.task else "/"))
-        out = self.client.api.exec_start(r["Id"])
-        return self.client.api.exec_inspect(r["Id"])["ExitCode"], out.decode("utf-8", "replace")
+        """Run a command in a fresh process (not the agent's shell): (exit code, output). The deadline
+        is kept from outside the container: at `timeout` the process tree is killed and the exit code
+        is 124, whatever the container's `timeout` binary does (test_hostile.test_exec_and_grade_*)."""
+        code, out = _exec(self.client, self.id, ["bash", "-c", cmd], timeout, env=env,
+                          workdir=workdir or (self.task.workdir if self.task else "/"), cgroup=self._cgroup,
+                          host_pid=self._host_pid)
+        return code, out.decode("utf-8", "replace")
 
     def grade(self) -> Grade:
         """Stop the agent, check the verifier's toolchain, copy the hidden tests in, run them, score.
@@ -394,24 +529,30 @@ class Terminal:
         that tampered with grading gets reward 0 and `tampered` evidence; infra_error (reward None)
         only when Docker failed or the harness fails on a fresh container too (tests/test_tampering.py)."""
         t = self.task
+        if self.dead:  # the agent broke its own container: a failed episode, not an infrastructure error
+            return Grade(0.0, False, {}, f"[the terminal is dead: {self.dead}]", None)
         try:
+            exports = self._agent_exports() if t.tests_in_agent_shell else {}
             evidence = [] if t.keep_agent_processes else self._stop_agent()
-            evidence += toolchain_changes(self._changes(), t, self._home)
+            path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":") if d.startswith("/"))
+            evidence += toolchain_changes(self._changes(), t, self._home, _BIN_DIRS + path_dirs)
         except Exception as e:
             return self._failed(e)
         if evidence:
             return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
-        g, harness_failed = self._verify()
+        g, harness_failed = self._verify(exports)
         if harness_failed and self.env is not None and self.env.harness_runs(t):
             return Grade(0.0, False, g.tests, g.output, None, rewards=g.rewards, tampered=(
                 f"{g.infra_error} after the episode, but the harness runs on a fresh container"))
         return g
 
-    def _verify(self) -> tuple[Grade, bool]:
+    def _verify(self, exports: dict | None = None) -> tuple[Grade, bool]:
         """Clean /tests and /logs/verifier, unpack the tests, run them: (grade, the harness failed)."""
         t = self.task
-        env = verifier_env(t)
+        env = {**(exports or {}), **verifier_env(t)}
         try:
+            self._join_grading_network()
+            rc, text = None, ""
             # Start from a clean /tests: nothing the agent left there or in the verifier's output counts.
             clean = "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent"
             tar, code = _tar(t.tests), None
@@ -435,6 +576,18 @@ class Terminal:
                                      "[ -f $f ] && { echo $f; cat $f; exit 0; }; done; exit 3", 30)
         except Exception as e:
             return self._failed(e), False
+        g, harness_failed = self._score(code, out, rc, text)
+        offline = _NO_NETWORK.search(out)
+        if offline and not g.tests and not (g.reward or 0) > 0:  # no test ran: the runner could not be fetched
+            net = self.env.grading_network if self.env else "none"
+            return Grade(None, False, g.tests, g.output, "the test harness could not install itself: no network "
+                         f"({offline.group().strip()[:120]}); grading joins env.grading_network ({net}) for "
+                         "tasks whose tests_need_network"), False
+        return g, harness_failed
+
+    def _score(self, code: int, out: str, rc: int | None, text: str) -> tuple[Grade, bool]:
+        """The grade of a test run's exit code, output and (TB2) reward file: (grade, the harness failed)."""
+        t = self.task
         cap = _Capped(OUTPUT_CAP * 4)
         cap.add(out.encode())
         tests = {m.group(2): m.group(1) for m in re.finditer(
@@ -457,6 +610,27 @@ class Terminal:
         except (ValueError, TypeError, AttributeError) as e:
             return Grade(None, False, tests, output, f"{path}: {e}: {body[:100]!r}"), True
         return Grade(reward, reward >= 1.0, tests, output, None, rewards=rewards), False
+
+    def _join_grading_network(self):
+        """Give the container the grading network, once the agent's processes are gone, when the
+        task's tests fetch their runner and the container has no network yet."""
+        net = self.env.grading_network if self.env else "none"
+        if not self.task.tests_need_network or net == "none" or self.key[4] != "none" or self._networked:
+            return
+        self.client.api.disconnect_container_from_network(self.id, "none")
+        self.client.api.connect_container_to_network(self.id, net)
+        self._networked = True
+
+    def _agent_exports(self) -> dict:
+        """The variables the agent's shell exported (TB1 run_tests_in_same_shell), without those that
+        would load code into the verifier."""
+        r = self.run("export -p", timeout=10)
+        out = {}
+        for m in re.finditer(r'^declare -x ([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"$', r.output, re.M):
+            name, value = m.group(1), re.sub(r"\\(.)", r"\1", m.group(2))
+            if not re.match(r"LD_|PYTHON|PYTEST|BASH_ENV$|ENV$|BASH_FUNC|TEST_DIR$|PS4$|SHELLOPTS$", name):
+                out[name] = value
+        return out
 
     def _failed(self, e: Exception) -> Grade:
         """A Docker error while grading: the agent's doing when its container stopped (it killed the
@@ -512,8 +686,9 @@ class Terminal:
     def close(self):
         if not self.closed:
             self.closed = True
-            with contextlib.suppress(OSError):
-                self._sock.close()
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.close()
             _remove(self.client, self.id)
 
     def __enter__(self):
@@ -523,30 +698,180 @@ class Terminal:
         self.close()
 
 
-def _container_procs(init_pid: int) -> dict | None:
-    """{host pid: pid inside the container} for a local daemon we may signal, else None."""
+def _next_frame(sock, raw: bytearray, deadline: float) -> bytes | None:
+    """Payload of the next docker stream frame on sock (raw holds bytes read but not yet parsed);
+    b"" when the stream ended, None at the deadline."""
+    while True:
+        if len(raw) >= 8:
+            size = struct.unpack(">I", raw[4:8])[0]
+            if len(raw) >= 8 + size:
+                out = bytes(raw[8:8 + size])
+                del raw[:8 + size]
+                if out:
+                    return out
+                continue
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([sock], [], [], wait)[0]:
+            return None
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return b""
+        raw += chunk
+
+
+def _exec(client, cid: str, argv: list, timeout: float, env=None, workdir=None, cgroup=None,
+          host_pid: int | None = None) -> tuple[int, bytes]:
+    """`docker exec` with a deadline kept from the host, never by the container nor the Docker
+    client's own timeout: (exit code, output). At the deadline every process the exec started is
+    SIGKILLed from outside and the exit code is 124."""
+    api = client.api
+    if host_pid:
+        _repair_dev_null(host_pid)
+    ex = api.exec_create(cid, argv, environment=env, workdir=workdir, stdout=True, stderr=True)
+    sock = api.exec_start(ex["Id"], socket=True)._sock
+    out, raw, deadline = _Capped(FLOOD_LIMIT), bytearray(), time.monotonic() + timeout
     try:
-        ns = os.readlink(f"/proc/{init_pid}/ns/pid")
-        if ns == os.readlink("/proc/self/ns/pid"):
-            return None  # not a separate pid namespace we can see from here
+        while data := _next_frame(sock, raw, deadline):
+            out.add(data)
+        if data is None:
+            _kill_exec(api, ex["Id"], cgroup or {})
+            return 124, out.text().encode()
+    finally:
+        with contextlib.suppress(OSError):
+            sock.close()
+    for _ in range(100):  # the stream ends a moment before docker records the exit code
+        info = api.exec_inspect(ex["Id"])
+        if not info["Running"]:
+            break
+        time.sleep(0.02)
+    return info["ExitCode"], out.text().encode()
+
+
+def _kill_exec(api, exec_id: str, cgroup: dict):
+    """SIGKILL an exec's process and all its descendants (host pids; a no-op for a remote daemon)."""
+    with contextlib.suppress(Exception):
+        root = api.exec_inspect(exec_id)["Pid"]
+        for _ in range(3):  # a second pass catches what forked during the first
+            hpids = _cgroup_pids(cgroup) or []
+            parent = {}
+            for h in hpids:
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    parent[h] = int(Path(f"/proc/{h}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            tree, grew = {root}, True
+            while grew:
+                new = {h for h, p in parent.items() if p in tree} - tree
+                tree |= new
+                grew = bool(new)
+            for h in tree:
+                with contextlib.suppress(OSError):
+                    os.kill(h, signal.SIGKILL)
+
+
+def _repair_dev_null(host_pid: int):
+    """Recreate a container's /dev/null from the host if the agent deleted it: `docker exec` cannot
+    start any process without it (test_hostile.test_deleted_dev_null_*). A no-op for a remote daemon."""
+    path = f"/proc/{host_pid}/root/dev/null"
+    with contextlib.suppress(OSError):
+        if os.path.isdir(f"/proc/{host_pid}/root/dev") and not os.path.exists(path):
+            if os.path.lexists(path):
+                os.unlink(path)
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chmod(path, 0o666)
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
     except OSError:
         return None
-    procs = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
+
+
+def _fd_targets(hpid: int) -> set:
+    try:
+        return {_readlink(f"/proc/{hpid}/fd/{fd}") for fd in os.listdir(f"/proc/{hpid}/fd")}
+    except OSError:
+        return set()
+
+
+def _cgroup_dirs(host_pid: int) -> dict:
+    """{controller: its cgroup directory} of a container's init process, for those we can read."""
+    dirs = {}
+    try:
+        lines = Path(f"/proc/{host_pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return dirs
+    for ln in lines:
+        _, ctrls, path = ln.split(":", 2)
+        for c in ctrls.split(",") if ctrls else ["unified"]:
+            bases = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] if c == "unified" else [f"/sys/fs/cgroup/{c}"]
+            d = next((b + path for b in bases if os.path.isfile(b + path + "/cgroup.procs")), None)
+            if d:
+                dirs[c] = d
+    if "pids" not in dirs and "unified" in dirs and os.path.exists(dirs["unified"] + "/pids.max"):
+        dirs["pids"] = dirs["unified"]  # cgroup v2: one directory for every controller
+    return dirs
+
+
+def _cgroup_read(cgroup: dict, controller: str, name: str) -> str:
+    try:
+        return Path(cgroup[controller], name).read_text().strip()
+    except (KeyError, OSError):
+        return ""
+
+
+def _cgroup_pids(cgroup: dict) -> list | None:
+    text = _cgroup_read(cgroup, "pids", "cgroup.procs")
+    return [int(x) for x in text.split()] if "pids" in cgroup and (text or os.path.isdir(cgroup["pids"])) else None
+
+
+def _container_procs(init_pid: int, cgroup: dict | None = None) -> dict | None:
+    """{host pid: pid inside the container} for a local daemon we may signal, else None."""
+    hpids = _cgroup_pids(cgroup or {})
+    if hpids is None:  # no readable cgroup: scan every process of the host for the container's pid namespace
         try:
-            if os.readlink(f"/proc/{d}/ns/pid") != ns:
-                continue
-            status = Path(f"/proc/{d}/status").read_text()
-            procs[int(d)] = int(re.search(r"^NSpid:.*?(\d+)\s*$", status, re.M).group(1))
+            ns = os.readlink(f"/proc/{init_pid}/ns/pid")
+            if ns == os.readlink("/proc/self/ns/pid"):
+                return None  # not a separate pid namespace we can see from here
+        except OSError:
+            return None
+        hpids = []
+        for d in os.listdir("/proc"):
+            with contextlib.suppress(OSError):
+                if d.isdigit() and os.readlink(f"/proc/{d}/ns/pid") == ns:
+                    hpids.append(int(d))
+    procs = {}
+    for h in hpids:
+        try:
+            status = Path(f"/proc/{h}/status").read_text()
+            procs[h] = int(re.search(r"^NSpid:.*?(\d+)\s*$", status, re.M).group(1))
         except (OSError, AttributeError):
             continue
     return procs
 
 
+def _dir_bytes(path: str) -> int:
+    """Disk blocks used by the files under path (a container's writable layer)."""
+    total, stack = 0, [path]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                with contextlib.suppress(OSError):
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    else:
+                        total += e.stat(follow_symlinks=False).st_blocks * 512
+    return total
+
+
 # --- Grading integrity: the verifier's environment, the agent's leftovers, toolchain changes -----
 
+# What a harness prints when it cannot download its runner (curl, pip, uv, apt, DNS).
+_NO_NETWORK = re.compile(r"^.*(Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
+                         r"Failed to establish a new connection|failed to lookup address|dns error).*$", re.M | re.I)
 # Where the verifier's input and output live: a process of the agent that names them is tampering.
 _VERIFIER_PATHS = re.compile(r"/tests\b|/logs/verifier|reward\.(txt|json)")
 # Inside a container whose processes we cannot signal from here: stop, then kill, all but init,
@@ -597,7 +922,7 @@ def _script_words(task: Task) -> tuple[set, set]:
     return words, sourced
 
 
-def toolchain_changes(changes, task: Task, home: str = "/root") -> list[str]:
+def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DIRS) -> list[str]:
     """Evidence that the container's changes against its image reach the verifier's toolchain: the
     harness's programs on PATH, Python's startup hooks and the test runner's package, the dynamic
     loader's config, runner config above /tests, files the test scripts source. A task lists the
@@ -615,7 +940,7 @@ def toolchain_changes(changes, task: Task, home: str = "/root") -> list[str]:
         why = None
         if path.startswith("/etc/ld.so.preload") or path.startswith("/etc/ld.so.conf"):
             why = "the dynamic loader's config"
-        elif path[:len(path) - len(name)] in _BIN_DIRS and (name in programs or re.fullmatch(r"python\d[\d.]*", name)):
+        elif path[:len(path) - len(name)] in bin_dirs and (name in programs or re.fullmatch(r"python\d[\d.]*", name)):
             why = "a program the test harness runs"
         elif name in ("sitecustomize.py", "usercustomize.py") or (name.endswith(".pth") and "python" in path):
             why = "a Python startup hook"
@@ -721,8 +1046,9 @@ class Env:
     Warm pool: `warm` started containers are kept ready per container config (image + limits) once
     that config was reset 3 times or passed to warmup(); only the `max_pools` most recent are kept."""
 
-    def __init__(self, warm: int = 0, max_concurrent_starts: int = 4, allow_internet: bool = False,
-                 output_cap: int = OUTPUT_CAP, max_pools: int = 16, multi_reward: str = "mean"):
+    def __init__(self, warm: int = 0, max_concurrent_starts: int = 4, output_cap: int = OUTPUT_CAP,
+                 max_pools: int = 16, multi_reward: str = "mean", build_network: str = "default",
+                 agent_network: str = "none", grading_network: str = "default"):
         import docker  # imported here so task loading works without the docker SDK
         self._docker = docker
         try:
@@ -730,7 +1056,19 @@ class Env:
             self.client.ping()
         except Exception as e:
             raise InfraError(f"cannot reach the Docker daemon ({e}); run `bash scripts/setup.sh`") from None
-        self.warm, self.allow_internet, self.output_cap, self.max_pools = warm, allow_internet, output_cap, max_pools
+        self.warm, self.output_cap, self.max_pools = warm, output_cap, max_pools
+        # Three networks (see README "Running official Terminal-Bench tasks"): image builds, the agent's
+        # episode (only tasks that allow_internet, and only when this is not "none"), and grading, joined
+        # once the agent's processes are gone by tasks whose tests install their runner. "default" is the
+        # daemon's bridge where it has one, else none.
+        names = {n["Name"] for n in self.client.api.networks()}
+        resolve = lambda n: ("bridge" if "bridge" in names else "none") if n == "default" else n  # noqa: E731
+        for what, n in [("build", build_network), ("agent", agent_network), ("grading", grading_network)]:
+            if resolve(n) not in names | {"none"}:
+                raise ValueError(f"env.{what}_network {n!r}: no such docker network; `docker network ls` "
+                                 "lists them (or use none / default)")
+        self.build_network = "default" if resolve(build_network) == "bridge" else resolve(build_network)
+        self.agent_network, self.grading_network = resolve(agent_network), resolve(grading_network)
         if multi_reward not in ("mean", "min", "error"):
             raise ValueError(f"multi_reward must be mean, min or error, got {multi_reward!r}")
         self.multi_reward = multi_reward
@@ -743,9 +1081,16 @@ class Env:
         self._build_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._images: dict[str, str] = {}
         self._closed = False
+        self._terms = weakref.WeakSet()  # every terminal started here (the disk watchdog's list)
+        info = self.client.info()
+        backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
+        # a storage-driver quota (`--storage-opt size=`) where the driver has one; else the watchdog
+        self.disk_quota = info.get("Driver") in ("btrfs", "zfs", "devicemapper") or \
+            (info.get("Driver") == "overlay2" and backing == "xfs")
         self.swept = sweep_stale(self.client)
         _install_cleanup()
         self._fillers = [threading.Thread(target=self._fill_loop, daemon=True) for _ in range(min(2, max_concurrent_starts))]
+        self._fillers.append(threading.Thread(target=self._disk_loop, daemon=True))
         for th in self._fillers:
             th.start()
 
@@ -793,16 +1138,14 @@ class Env:
             for rel, p in files:
                 tar.add(str(p), arcname=rel)
         buf.seek(0)
-        names = {n["Name"] for n in self.client.api.networks()}
         log = []
         try:
             for chunk in self.client.api.build(
                     fileobj=buf, custom_context=True, tag=tag, rm=True, forcerm=True, decode=True,
                     dockerfile=str(task.dockerfile.relative_to(task.build_context)), labels={LABEL: "1"},
-                    network_mode="default" if (task.allow_internet and self.allow_internet and "bridge" in names) else "none",
-                    timeout=int(task.build_timeout_s)):
+                    network_mode=self.build_network, timeout=int(task.build_timeout_s)):
                 if "error" in chunk:
-                    raise InfraError(f"building {task.name} ({task.dockerfile}) failed: {chunk['error'].strip()}\n"
+                    raise BuildError(f"building {task.name} ({task.dockerfile}) failed: {chunk['error'].strip()}\n"
                                      + "".join(log[-20:]))
                 log.append(chunk.get("stream", ""))
         except InfraError:
@@ -812,26 +1155,45 @@ class Env:
 
     # -- containers ----------------------------------------------------------------------------
     def _key(self, task: Task) -> tuple:
-        net = "bridge" if (task.allow_internet and self.allow_internet) else "none"
-        return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir)
+        net = self.agent_network if task.allow_internet else "none"
+        return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir,
+                tuple(sorted(task.env.items())), task.disk_mb)
 
     def _start(self, key: tuple) -> Terminal:
-        image, memory_mb, cpus, pids, net, workdir = key
+        image, memory_mb, cpus, pids, net, workdir, variables, disk_mb = key
         with self._starts:
             try:
-                c = self.client.api.create_container(
-                    image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir, labels=_owner_labels(),
-                    hostname="termrl", host_config=self.client.api.create_host_config(
-                        init=True, network_mode=net, mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
-                        nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"], cap_add=CAPS,
-                        security_opt=["no-new-privileges"], privileged=False,
-                        ulimits=[{"Name": "fsize", "Soft": FILE_SIZE_LIMIT, "Hard": FILE_SIZE_LIMIT}]))
+                if _SHUTDOWN.is_set():
+                    raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
+                fsize = min(FILE_SIZE_LIMIT, disk_mb << 20)
+                host_config = dict(
+                    init=True, network_mode=net, mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
+                    nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"], cap_add=CAPS,
+                    security_opt=["no-new-privileges"], privileged=False,
+                    ulimits=[{"Name": "fsize", "Soft": fsize, "Hard": fsize}])
+                if self.disk_quota:
+                    host_config["storage_opt"] = {"size": f"{disk_mb}M"}
+                try:
+                    c = self.client.api.create_container(
+                        image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir, labels=_owner_labels(),
+                        environment=dict(variables),
+                        hostname="termrl", host_config=self.client.api.create_host_config(**host_config))
+                except self._docker.errors.APIError as e:
+                    if not (self.disk_quota and "storage" in str(e).lower()):
+                        raise
+                    self.disk_quota = False  # e.g. xfs mounted without pquota: the watchdog instead
+                    return self._start(key)
                 cid = c["Id"]
                 with _LIVE_LOCK:
                     _LIVE[cid] = self.client
                 self.client.api.start(cid)
+                if _SHUTDOWN.is_set():  # the signal's cleanup may have run before this container existed
+                    raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
                 term = Terminal(self.client, cid, key, self.output_cap)
                 term.env, term.multi_reward = self, self.multi_reward
+                if not self.disk_quota:
+                    term.disk_cap_mb = disk_mb
+                self._terms.add(term)
                 return term
             except Exception as e:
                 if "cid" in locals():
@@ -863,6 +1225,16 @@ class Env:
             else:
                 time.sleep(1.0)  # the daemon is struggling: back off instead of hammering it
 
+    def _disk_loop(self):
+        """The disk cap where the storage driver has no quota: a terminal whose writable layer grew
+        past its cap is ended (test_hostile.test_disk_cap_stops_writes_past_it)."""
+        while not self._closed:
+            for term in list(self._terms):
+                if term.disk_cap_mb and not term.closed and not term.dead:
+                    with contextlib.suppress(Exception):  # a container removed meanwhile
+                        term.check_disk()
+            time.sleep(DISK_CHECK_S)
+
     def _deficit(self):
         return next((k for k, v in self._pool.items() if len(v) + self._starting[k] < self.warm), None)
 
@@ -885,8 +1257,8 @@ class Env:
         key = self._key(task)
         term = None
         with self._lock:
-            if self._closed:
-                raise InfraError("Env is closed")
+            if self._closed or _SHUTDOWN.is_set():
+                raise InfraError("Env is closed" if self._closed else "shutting down (SIGINT/SIGTERM)")
             self._resets[key] += 1
             pool = self._pool.pop(key, [])
             term = pool.pop(0) if pool else None
@@ -946,10 +1318,11 @@ def run_oracle(env: Env, task: Task, noop: bool = False) -> Grade:
         return term.grade()
 
 
-def validate_task(env: Env, path, k: int = 3) -> dict:
-    """The paper's instance filter: the oracle passes k times in a row and doing nothing fails."""
+def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4) -> dict:
+    """The paper's instance filter: the oracle passes k times in a row and doing nothing fails; then
+    flake_runs more oracle episodes, `load` at a time, give the flake rate a 1-in-10 flake shows in."""
     row = {"task": Path(path).name if not isinstance(path, Task) else path.name, "status": "ok",
-           "oracle": [], "noop": None, "build_s": None, "error": None}
+           "oracle": [], "noop": None, "build_s": None, "error": None, "flake_rate": None}
     try:
         task = path if isinstance(path, Task) else load_task(path)
         t0 = time.monotonic()
@@ -964,15 +1337,32 @@ def validate_task(env: Env, path, k: int = 3) -> dict:
             if g.infra_error:
                 raise InfraError(f"oracle run: {g.infra_error}")
             row["oracle"].append(g.reward)
+            if g.tampered:
+                row["status"], row["error"] = "oracle_flagged", (
+                    f"the oracle's episode is flagged as tampering: {g.tampered}; list the paths its solution "
+                    "must change in verifier_changes_ok, or set keep_agent_processes if its tests need a "
+                    "service it started")
+                return row
             if not g.passed:
                 row["error"] = "oracle failed: " + g.output[-600:]
                 break
+        if not row["error"] and flake_runs:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(load) as pool:
+                grades = list(pool.map(lambda _: run_oracle(env, task), range(flake_runs)))
+            failed = [g for g in grades if not g.passed]
+            row["flake_rate"] = len(failed) / flake_runs
+            if failed:
+                row["error"] = (f"oracle failed {len(failed)} of {flake_runs} runs under load {load}: "
+                                + (failed[0].infra_error or failed[0].output[-600:]))
         if row["error"]:
-            row["status"] = "oracle_fails" if len(row["oracle"]) == 1 else "flaky"
+            row["status"] = "oracle_fails" if len(row["oracle"]) == 1 and not row["flake_rate"] else "flaky"
         elif row["noop"] and row["noop"] > 0:
             row["status"], row["error"] = "noop_passes", "doing nothing already earns reward"
     except TaskError as e:
         row["status"], row["error"] = "malformed", str(e)
+    except BuildError as e:  # the task's own Dockerfile: a defect of the task, with the build log's tail
+        row["status"], row["error"] = "build_fails", str(e)
     except InfraError as e:
         row["status"], row["error"] = "infra_error", str(e)
     return row
@@ -987,15 +1377,16 @@ def _validate_main(args) -> int:
     if not paths:
         print(f"no tasks found under {args.tasks}", file=sys.stderr)
         return 2
-    with Env(max_concurrent_starts=args.jobs) as env, ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(tqdm(pool.map(lambda p: validate_task(env, p, args.k), paths), total=len(paths),
-                         desc="validate", unit="task"))
+    with Env(max_concurrent_starts=args.jobs, **_env_kwargs(args)) as env, ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(tqdm(pool.map(lambda p: validate_task(env, p, args.k, args.flake_runs, args.load), paths),
+                         total=len(paths), desc="validate", unit="task"))
     w = max(len(r["task"]) for r in rows)
-    print(f"\n{'task':<{w}}  {'status':<12} {'build_s':>7}  {'noop':>4}  oracle")
+    print(f"\n{'task':<{w}}  {'status':<14} {'build_s':>7}  {'noop':>4}  {'flake':>5}  oracle")
     for r in rows:
         oracle = " ".join(f"{x:g}" for x in r["oracle"]) or "-"
-        print(f"{r['task']:<{w}}  {r['status']:<12} {r['build_s'] if r['build_s'] is not None else '-':>7}  "
-              f"{r['noop'] if r['noop'] is not None else '-':>4}  {oracle}")
+        flake = f"{r['flake_rate']:.0%}" if r["flake_rate"] is not None else "-"
+        print(f"{r['task']:<{w}}  {r['status']:<14} {r['build_s'] if r['build_s'] is not None else '-':>7}  "
+              f"{r['noop'] if r['noop'] is not None else '-':>4}  {flake:>5}  {oracle}")
     bad = [r for r in rows if r["status"] != "ok"]
     for r in bad:
         print(f"\n{r['task']}: {r['status']}: {r['error']}")
@@ -1006,15 +1397,25 @@ def _validate_main(args) -> int:
     return 1 if bad else 0
 
 
+def _env_kwargs(args) -> dict:
+    return {"build_network": args.build_network, "agent_network": args.agent_network,
+            "grading_network": args.grading_network}
+
+
 def _shell_main(args) -> int:
     task = load_task(args.task)
-    with Env() as env:
+    with Env(**_env_kwargs(args)) as env:
         image = env.image(task)
-    cmd = ["docker", "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", "none",
+        net = env._key(task)[4]
+    cmd = ["docker", "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,
+           *[f"-e{k}={v}" for k, v in task.env.items()],
            "--label", f"{LABEL}=1", "--cap-drop", "ALL", *[f"--cap-add={c}" for c in CAPS],
            "--memory", f"{task.memory_mb}m", "--pids-limit", str(task.pids), "-w", task.workdir,
            "--entrypoint", "bash", image]
-    print(f"# {task.name}: {task.instruction[:200]}\n# {' '.join(cmd)}", file=sys.stderr)
+    # the whole instruction, line by line as written (code blocks in it stay intact): the human
+    # is here to do the task, and a cut-off instruction hides what the tests check
+    instruction = "\n".join(f"#   {line}".rstrip() for line in task.instruction.strip().splitlines())
+    print(f"# {task.name}:\n{instruction}\n# {' '.join(cmd)}", file=sys.stderr)
     os.execvp("docker", cmd)
 
 
@@ -1027,8 +1428,19 @@ def main(argv=None) -> int:
     v.add_argument("--json", help="write the per-task results here")
     v.add_argument("--jobs", type=int, default=2, help="tasks validated in parallel")
     v.add_argument("--easy", type=int, default=0, help="also validate this many generated easy tasks")
+    v.add_argument("--flake-runs", type=int, default=0,
+                   help="after k passes, this many more oracle runs; a 1-in-10 flake needs ~30 to show")
+    v.add_argument("--load", type=int, default=4, help="the flake runs go this many at a time (concurrent load)")
     s = sub.add_parser("shell", help="open an interactive shell in a task's container")
     s.add_argument("task")
+    for p in (v, s):
+        p.add_argument("--build-network", default="default",
+                       help="network of image builds: default (the daemon's), none, or a network name")
+        p.add_argument("--agent-network", default="none",
+                       help="network of the agent's container for tasks that allow_internet (none: always offline)")
+        p.add_argument("--grading-network", default="default",
+                       help="network joined for grading, after the agent's processes are gone, by tasks whose "
+                            "tests_need_network")
     args = ap.parse_args(argv)
     try:
         return _validate_main(args) if args.cmd == "validate" else _shell_main(args)

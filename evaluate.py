@@ -692,8 +692,9 @@ def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
         mode, cmds = modes[kind]
         return rollout.Policy(rollout.ScriptedEngine(tok, mode, commands=cmds), tok,
                               template_kwargs=tkw, tools=rcfg.tools), {**info, "engine": "scripted"}
+    import learner  # costly (torch, transformers): only a model policy needs them
     import train  # its engine recipe (dtype, KV cache, LoRA) so train-time and eval numbers agree
-    device = train.pick_device(cfg)
+    device = learner.pick_device(cfg)
     if adapter is not None:  # the engine must accept this adapter whatever the config says
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, lora=True, lora_rank=_lora_rank(adapter, cfg.model.lora_rank)))
@@ -721,12 +722,12 @@ def cmd_run(args):
     cfg = config.load_config(args.config, args.set)
     rcfg = config.rollout_cfg(cfg)
     # no --tasks: the config's held-out set, exactly as train.py's periodic eval draws it
-    tasks = load_tasks(args.tasks) if args.tasks else train.load_task_sets(cfg)[1]
+    tasks = load_tasks(args.tasks, strict=cfg.data.strict_tasks) if args.tasks else train.load_task_sets(cfg)[1]
     policy, model = build_policy(cfg, rcfg, args.model, args.policy)
     settings = sampling_settings(rcfg, model, args.tasks or f"{cfg.data.eval_tasks} "
                                  f"(config data.eval_tasks)")
     try:
-        with train.make_env() as e:
+        with train.make_env(cfg) as e:
             summary = evaluate_policy(tasks, policy, e, rcfg, args.k, args.out, settings)
     finally:
         policy.close()

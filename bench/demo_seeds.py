@@ -1,5 +1,5 @@
-"""The CPU demo over several seeds: held-out success at the SFT-only start and at the end of RL,
-per seed, then the mean and spread of the gain (the figure the README reports).
+"""The CPU demo over several seeds: held-out success at the SFT-only start and at each eval of RL,
+per seed, then the mean and spread of the gain: the README's demo table, as it prints it.
 
     python bench/demo_seeds.py                      # seeds 0 1 2 of configs/tiny.yaml (~13 min each)
     python bench/demo_seeds.py --seeds 0 1 --config configs/tiny.yaml --set train.steps=4
@@ -19,15 +19,45 @@ import config  # noqa: E402
 
 
 def held_out(run_dir: Path) -> dict:
-    """Eval success by RL step (metrics.jsonl) and the last process's wall time (summary.txt)."""
-    evals = {}
+    """Eval success by RL step and where SFT stopped (metrics.jsonl), and the last process's wall
+    time (summary.txt)."""
+    evals, sft = {}, []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if rec.get("phase") == "eval":
             evals[rec["step"]] = rec["success"]
+        elif rec.get("phase") == "sft":
+            sft.append(rec)
+    last = max((r.get("restart", 0) for r in sft), default=0)
+    sft = [r for r in sft if r.get("restart", 0) == last]  # the attempt RL started from
+    val = [r for r in sft if "val_oracle_prob" in r]
+    stop = (f"{val[-1]['step'] + 1} steps ({val[-1]['val_oracle_prob']:.3f})" if val  # logged steps count from 0
+            else f"{sft[-1]['step'] + 1} steps" if sft else "no SFT")
     summary = run_dir / "summary.txt"
     m = re.search(r"wall ([\d.]+) min", summary.read_text()) if summary.exists() else None
-    return {"evals": evals, "wall_s": float(m.group(1)) * 60 if m else None}
+    return {"evals": evals, "sft_stop": stop, "wall_s": float(m.group(1)) * 60 if m else None}
+
+
+def table(rows: list[dict]) -> str:
+    """The README's table (markdown): one row per seed, then the means and the gain's sd.
+    Gains are in points, from the unrounded successes."""
+    steps = sorted(set().union(*(r["evals"] for r in rows)))
+    later = [s for s in steps if s != steps[0]]
+    head = ["seed", "SFT stopped after (val_oracle_prob)", "SFT-only start", *[f"RL step {s}" for s in later],
+            "gain", "wall"]
+    pct = lambda x: f"{x:.1%}" if x is not None else "-"  # noqa: E731
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ev = r["evals"]
+        wall = f"{r['wall_s'] / 60:.1f} min" if r["wall_s"] else "-"
+        lines.append(f"| {r['seed']} | {r['sft_stop']} | " + " | ".join(pct(ev.get(s)) for s in steps)
+                     + f" | {100 * r['gain']:+.1f} | {wall} |")
+    gains = [r["gain"] for r in rows]
+    sd = statistics.stdev(gains) if len(gains) > 1 else 0.0
+    means = [statistics.mean(r["evals"][s] for r in rows if s in r["evals"]) for s in steps]
+    lines.append("| mean (sd) | | " + " | ".join(pct(m) for m in means)
+                 + f" | {100 * statistics.mean(gains):+.1f} ({100 * sd:.1f}) | |")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -54,16 +84,9 @@ def main(argv=None):
         if len(h["evals"]) < 2:
             raise SystemExit(f"{run_dir}: fewer than two evals logged (is eval.at_start on and the run finished?)")
         first, last = min(h["evals"]), max(h["evals"])
-        rows.append((seed, h["evals"][first], h["evals"][last], last, h["wall_s"]))
-    print(f"\n{'seed':>4} {'start':>7} {'end':>7} {'gain':>7} {'steps':>5} {'wall':>7}")
-    for seed, s, e, steps, wall in rows:
-        w = f"{wall / 60:.1f}m" if wall else "-"
-        print(f"{seed:>4} {s:>7.1%} {e:>7.1%} {e - s:>+7.1%} {steps:>5} {w:>7}")
-    gains = [e - s for _, s, e, _, _ in rows]
-    spread = statistics.stdev(gains) if len(gains) > 1 else 0.0
-    print(f"mean gain {statistics.mean(gains):+.1%} (sd {spread:.1%}, min {min(gains):+.1%}, max {max(gains):+.1%}) "
-          f"over {len(gains)} seeds; start {statistics.mean(r[1] for r in rows):.1%} -> "
-          f"end {statistics.mean(r[2] for r in rows):.1%}")
+        rows.append({"seed": seed, **h, "gain": h["evals"][last] - h["evals"][first]})
+    print()
+    print(table(rows))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import algo
+import config
+import learner
 from algo import AlgoConfig, Batch
 
 
@@ -81,12 +83,12 @@ def test_config_rejects_bad_values_with_named_key():
         AlgoConfig(gamma=0.0)
     with pytest.raises(ValueError, match="std_normalize"):
         AlgoConfig(baseline="none", std_normalize=True)
-    with pytest.raises(ValueError, match="unknown algo key.*'lr'"):
-        AlgoConfig.from_dict({"loss": "ppo", "lr": 1e-6})
-    assert AlgoConfig.from_dict({"loss": "gspo", "gamma": 1.0}).loss == "gspo"
-    assert AlgoConfig.from_dict({"std_eps": "1e-6", "max_negative_tokens": "20000"}).std_eps == 1e-6
-    with pytest.raises(ValueError, match="algo.gamma = 'high' is not a number"):
-        AlgoConfig.from_dict({"gamma": "high"})
+    with pytest.raises(config.ConfigError, match="unknown config key 'algo.lr'"):
+        config.dataclass_from_dict(AlgoConfig, {"loss": "ppo", "lr": 1e-6}, "algo.")
+    assert config.dataclass_from_dict(AlgoConfig, {"loss": "gspo", "gamma": 1.0}, "algo.").loss == "gspo"
+    assert config.dataclass_from_dict(AlgoConfig, {"std_eps": "1e-6"}, "algo.").std_eps == 1e-6
+    with pytest.raises(config.ConfigError, match="'algo.gamma' expects float"):
+        config.dataclass_from_dict(AlgoConfig, {"gamma": "high"}, "algo.")
 
 
 def test_batch_validate_names_the_broken_field():
@@ -560,7 +562,7 @@ def test_invalid_rows_give_zero_gradient_and_change_nothing(loss_name):
     loss, m = algo.policy_loss(lp, b, adv, cfg, ref_logprobs=ref)
     loss.backward()
     assert torch.equal(lp.grad[1], torch.zeros(5)) and lp.grad[0].abs().sum() > 0
-    sub = b.select(torch.tensor([0, 2, 3]))
+    sub, _ = learner.select_rows(b, [0, 2, 3])
     sub_loss, _ = algo.policy_loss(lp.detach()[[0, 2, 3]], sub, algo.compute_advantages(sub, cfg), cfg,
                                    ref_logprobs=ref[[0, 2, 3]])
     assert loss.item() == pytest.approx(sub_loss.item())
@@ -602,17 +604,37 @@ def test_micro_batches_add_up_to_the_full_batch(agg):
     assert fm["filtered_group_share"] == pytest.approx(1 / 3)  # group 1 is all failures
 
     keep, _ = algo.keep_rows(b, adv, cfg)
-    den = algo.loss_denominator(b, adv, cfg, keep)
-    total = 0.0
+    rows, known = algo.rows_that_train(b, adv, keep, cfg)
+    assert known is None and rows == [i for i in range(len(b)) if keep[i]]  # entropy: every kept row trains
+    total, masks = 0.0, torch.zeros_like(b.loss_mask)
     pol.zero_grad()
-    for idx in [torch.tensor([0, 2, 4]), torch.tensor([1, 3, 5])]:   # groups split across micro-batches
-        mb = b.select(idx)
+    for idx in [[0, 2, 4], [1, 3, 5]]:                 # groups split across micro-batches
+        mb, ex = learner.select_rows(b, idx, {"adv": adv})
         lp, ent = algo.token_logprobs(pol(mb.input_ids), mb.input_ids, with_entropy=True, entropy_grad=True)
-        loss, _ = algo.policy_loss(lp, mb, adv[idx], cfg, entropy=ent, keep=keep[idx], denominator=den)
+        loss, _ = algo.policy_loss(lp, mb, ex["adv"], cfg, entropy=ent, keep=keep[idx], denominator=1.0)
         loss.backward()
         total += loss.item()
-    assert total == pytest.approx(full.item())
-    assert torch.allclose(pol.table.grad, g_full, atol=1e-12)
+        rl, il, _, _ = algo.train_masks(mb, ex["adv"], cfg, mb.old_logprobs, keep[idx])
+        masks[idx, :rl.shape[1]] = (rl + il).to(masks.dtype)
+    den = algo.aggregation_denominator(masks, cfg.agg, cfg.norm_length)
+    assert total / den == pytest.approx(full.item())
+    assert torch.allclose(pol.table.grad / den, g_full, atol=1e-12)
+
+
+def test_rows_that_train_leave_out_rows_without_signal_and_keep_their_tokens_in_the_denominator():
+    """REINFORCE on R in {0, 1} (no baseline): failures have advantage 0 everywhere, so they are not
+    forwarded, but the whole-batch mask still counts their tokens (a wrong denominator would scale
+    every update by the success rate)."""
+    b = build_batch(["paa", "paaa", "pa"], [1.0, 0.0, 1.0])
+    b.old_logprobs = b.infer_logprobs.clone()
+    cfg = AlgoConfig(baseline="none", negative_reward=0.0, mismatch="none", agg="token_mean")
+    adv = algo.compute_advantages(b, cfg)
+    keep, _ = algo.keep_rows(b, adv, cfg)
+    rows, known = algo.rows_that_train(b, adv, keep, cfg)
+    assert rows == [0, 2] and known is not None
+    assert algo.aggregation_denominator(known, cfg.agg) == float(b.loss_mask.sum())
+    b.old_logprobs = None  # a mismatch mask needs π_old: without it, every kept row is forwarded
+    assert algo.rows_that_train(b, adv, keep, AlgoConfig(baseline="none", negative_reward=0.0))[0] == [0, 1, 2]
 
 
 def test_policy_loss_errors_name_the_missing_input():
@@ -625,8 +647,6 @@ def test_policy_loss_errors_name_the_missing_input():
         algo.policy_loss(lp, b, adv, AlgoConfig(entropy_coef=0.1))
     with pytest.raises(ValueError, match="advantages has shape"):
         algo.policy_loss(lp, b, adv[:, :2], AlgoConfig())
-    with pytest.raises(ValueError, match="old_logprobs"):
-        algo.loss_denominator(b, adv, AlgoConfig(mismatch="chunk_mask"))
 
 
 # ------------------------------------------------------------------------------------------

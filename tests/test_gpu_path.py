@@ -69,13 +69,14 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
     compute every weight that gets a gradient moves, and the engine's log-probs after the sync
     still match the trainer's (engine fp32 here; the trainer computes in bf16)."""
     import config
+    import learner
     import rollout
     import train
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
         f"model.path={tiny_model_dir}", "model.build_tiny=false", "model.dtype=bfloat16", "model.lora=false",
         "model.gradient_checkpointing=false", "train.lr=1e-6", "train.warmup_steps=0", "train.grad_clip=0",
         "train.weight_decay=0", "train.micro_batch_tokens=4096"])
-    model = train.load_model(cfg, "cpu")
+    model = learner.load_model(cfg, "cpu")
     with torch.no_grad():
         probe = model(input_ids=torch.tensor([[5, 6, 7]])).logits
     assert probe.dtype == torch.bfloat16  # the compute
@@ -88,10 +89,10 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
         return hook
     for n, p in model.named_parameters():
         p.register_hook(note(n))
-    opt, sched = train.make_optimizer(model, 1e-6, 0.0, cfg.train.adam_betas, 0, 10, "constant")
+    opt, sched = learner.make_optimizer(model, 1e-6, 0.0, cfg.train.adam_betas, 0, 10, "constant")
     batch = rollout.make_batch(_fake_trajectories(4, 48, model.config.vocab_size), 0)
     for _ in range(10):
-        train.update(model, opt, sched, batch, None, cfg, sft=True)
+        learner.sft_step(model, opt, sched, batch, cfg.train)
     moved = {n: p.detach() != start[n] for n, p in model.named_parameters()}
     trained = sum(int(g.sum()) for g in got_grad.values())
     frac = sum(int((moved[n] & got_grad[n]).sum()) for n in moved) / trained
@@ -103,7 +104,7 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
     policy = rollout.Policy(vllm_engine, _tokenizer(tiny_model_dir))
     try:
         train.sync_weights(model, policy, cfg, tmp_path, 1)
-        gap = train.check_sync(model, policy, batch, n=1)  # several at once trip punica_cpu with LoRA enabled
+        gap = train.sync_gap(model, policy, batch, cfg, "cpu", n=1)  # several at once trip punica_cpu with LoRA enabled
         assert gap["sync/mean_abs_logprob_gap"] < 0.02 and gap["sync/max_abs_logprob_gap"] < 0.2, gap
     finally:
         from transformers import AutoModelForCausalLM

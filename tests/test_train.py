@@ -15,7 +15,9 @@ import torch
 import algo
 import distributed
 import config
+import learner
 import rundir
+import sft as sftmod
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +42,6 @@ def test_config_loads_and_overrides():
     ("train.mode=turbo", "'train.mode' is 'turbo'"),
     ("algo.loss=reinforce", "algo.loss"),
     ("data.generated_kinds=[copy,move]", "unknown kinds ['move']"),
-    ("sft.restarts=1", "sft.restart_below must be in (0, 1)"),
     ("nonsense", "expected key=value"),
 ])
 def test_config_errors_name_the_key(override, needle):
@@ -68,7 +69,7 @@ def test_dry_run_cli_reports_a_missing_model(tmp_path):
                         "--set", "model.build_tiny=false", "--set", f"model.path={tmp_path}/nope"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
-    assert "is not a model directory (no config.json)" in r.stdout and "docker: reachable" in r.stdout
+    assert f"{tmp_path}/nope does not exist" in r.stdout and "docker: reachable" in r.stdout
 
 
 # --- data order and micro-batches ---------------------------------------------------------
@@ -85,14 +86,14 @@ def test_step_tasks_is_a_pure_function_of_step_covering_each_epoch():
 def test_pack_by_tokens_respects_budget_and_keeps_padding_low():
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(200, 2000, (64,), generator=g).tolist()
-    groups = train.pack_by_tokens(lengths, 8192)
+    groups = learner.pack_by_tokens(lengths, 8192)
     assert sorted(i for grp in groups for i in grp) == list(range(64))
     for grp in groups:
         assert len(grp) * max(lengths[i] for i in grp) <= 8192 or len(grp) == 1
-    assert train.padding_fraction(lengths, groups) < 0.10
+    assert learner.padding_fraction(lengths, groups) < 0.10
     naive = [list(range(i, min(i + 4, 64))) for i in range(0, 64, 4)]  # count-based, unsorted
-    assert train.padding_fraction(lengths, groups) < train.padding_fraction(lengths, naive)
-    assert train.pack_by_tokens([5000, 10], 100) == [[0], [1]]  # an over-budget row goes alone
+    assert learner.padding_fraction(lengths, groups) < learner.padding_fraction(lengths, naive)
+    assert learner.pack_by_tokens([5000, 10], 100) == [[0], [1]]  # an over-budget row goes alone
 
 
 def _synthetic_batch(vocab, seed=0):
@@ -125,10 +126,12 @@ def test_micro_batching_gives_the_full_batch_update(tiny_model_dir, sft):
     results = []
     for budget in (10_000, 45):
         cfg.train.micro_batch_tokens = budget
-        model = train.load_model(cfg, "cpu")
+        model = learner.load_model(cfg, "cpu")
         opt = torch.optim.SGD(model.parameters(), lr=1.0)  # params move by exactly -grad (Adam would
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)  # blow up float noise on ~0 grads)
-        m = train.update(model, opt, sched, _synthetic_batch(model.config.vocab_size), acfg, cfg, sft=sft)
+        batch = _synthetic_batch(model.config.vocab_size)
+        m = learner.sft_step(model, opt, sched, batch, cfg.train) if sft else \
+            learner.rl_step(model, opt, sched, batch, algo.compute_advantages(batch, acfg), acfg, cfg.train)
         results.append((m, [p.detach().clone() for p in model.parameters()]))
     (m1, p1), (m2, p2) = results
     assert m1["micro_batches"] == 1 and m2["micro_batches"] > 2
@@ -147,14 +150,14 @@ def test_rows_with_zero_gradient_are_skipped_and_the_update_is_unchanged(tiny_mo
                              f"model.path={tiny_model_dir}", "train.micro_batch_tokens=45",
                              "train.grad_clip=0"])  # a clipped step would hide a wrong denominator
     acfg = config.algo_cfg(cfg)
-    batch = _synthetic_batch(train.load_model(cfg, "cpu").config.vocab_size)
+    batch = _synthetic_batch(learner.load_model(cfg, "cpu").config.vocab_size)
     params = []
     for skip in (True, False):
-        model = train.load_model(cfg, "cpu")
+        model = learner.load_model(cfg, "cpu")
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         if skip:
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-            m = train.update(model, opt, sched, batch, acfg, cfg)
+            m = learner.rl_step(model, opt, sched, batch, algo.compute_advantages(batch, acfg), acfg, cfg.train)
         else:  # the reference: every row in one forward
             lp, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                               use_cache=False).logits, batch.input_ids)
@@ -166,7 +169,7 @@ def test_rows_with_zero_gradient_are_skipped_and_the_update_is_unchanged(tiny_mo
     assert 0.0 <= m["padding_frac"] < 0.5  # of the rows fed to the model, not of the whole batch
     assert m["loss"] == pytest.approx(float(loss.detach()), rel=1e-4)
     moved = 0.0
-    for a, b, p0 in zip(params[0], params[1], train.load_model(cfg, "cpu").parameters()):
+    for a, b, p0 in zip(params[0], params[1], learner.load_model(cfg, "cpu").parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
         moved = max(moved, float((a - p0).abs().max()))
     assert moved > 1e-4
@@ -179,9 +182,9 @@ def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir)
                             ["algo.loss=ppo", "algo.baseline=grpo", "algo.mismatch=none",
                              f"model.path={tiny_model_dir}", "train.micro_batch_tokens=45"])
     acfg = config.algo_cfg(cfg)
-    model = train.load_model(cfg, "cpu")
+    model = learner.load_model(cfg, "cpu")
     batch = _synthetic_batch(model.config.vocab_size)
-    train.fill_old_logprobs(model, batch, cfg)
+    learner.fill_old_logprobs(model, batch, cfg.train.micro_batch_tokens)
     with torch.no_grad():
         whole, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                              use_cache=False).logits, batch.input_ids)
@@ -189,8 +192,9 @@ def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir)
     torch.testing.assert_close(batch.old_logprobs[m], whole[m], rtol=1e-4, atol=1e-5)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    first = train.update(model, opt, sched, batch, acfg, cfg)
-    second = train.update(model, opt, sched, batch, acfg, cfg)
+    adv = algo.compute_advantages(batch, acfg)
+    first = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train)
+    second = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train)
     assert first["ratio_min"] == pytest.approx(1.0, abs=1e-5) and first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert second["ratio_max"] - second["ratio_min"] > 1e-3
 
@@ -205,16 +209,16 @@ def test_kl_term_is_k3_to_model_path_weights(tiny_model_dir, lora):
                             ["algo.kl_coef=0.1", "algo.baseline=grpo", "algo.mismatch=none",
                              f"model.path={tiny_model_dir}", f"model.lora={str(lora).lower()}"])
     acfg = config.algo_cfg(cfg)
-    model = train.load_model(cfg, "cpu")
+    model = learner.load_model(cfg, "cpu")
     torch.manual_seed(0)
     with torch.no_grad():  # the policy moves away from model.path's weights (under LoRA: the adapter)
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(0.05 * torch.randn_like(p))
     batch = _synthetic_batch(model.config.vocab_size)
-    ref_model = train.load_reference(cfg, "cpu")
+    ref_model = learner.load_reference(cfg, "cpu")
     assert (ref_model is None) == lora
-    train.fill_ref_logprobs(model, ref_model, batch, cfg)
+    learner.fill_ref_logprobs(model, ref_model, batch, cfg.train.micro_batch_tokens)
 
     def lp_of(m):
         with torch.no_grad():
@@ -227,7 +231,8 @@ def test_kl_term_is_k3_to_model_path_weights(tiny_model_dir, lora):
     d = (want_ref - lp)[tok].double()
     kl = float((d.exp() - d - 1).mean())
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
-    m = train.update(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), batch, acfg, cfg)
+    m = learner.rl_step(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), batch,
+                        algo.compute_advantages(batch, acfg), acfg, cfg.train)
     assert kl > 1e-4 and m["kl_ref"] == pytest.approx(kl, rel=1e-4)
 
 
@@ -243,15 +248,15 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
 
     def sft(stop_at, out):
         cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
-            f"model.path={tiny_model_dir}", "threads=1", "sft.steps=6", "sft.batch_size=4", "sft.lr=1e-2",
+            f"model.path={tiny_model_dir}", "sft.steps=6", "sft.batch_size=4", "sft.lr=1e-2",
             "sft.val_tasks=3", "sft.val_every=2", f"sft.stop_at_val_prob={stop_at}",
             "rollout.tools_in_prompt=true"])  # the prompt these step-by-step figures were chosen on
         torch.manual_seed(0)
-        model = train.load_model(cfg, "cpu")
+        model = learner.load_model(cfg, "cpu")
         out.mkdir()
         log = rundir.RunLog(out, None, tensorboard=False)
         rcfg = config.rollout_cfg(cfg)
-        train.sft_warm_start(cfg, model, tok, docker_env, tasks[:4], tasks[4:], rcfg, log)
+        sftmod.warm_start(cfg, model, tok, docker_env, tasks[:4], tasks[4:], rcfg, log)
         log.close()
         return model, [r for r in log.records if r["phase"] == "sft"], rcfg
 
@@ -278,39 +283,6 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
 
 # --- checkpoints ----------------------------------------------------------------------------
 
-
-def test_sft_restarts_from_fresh_weights_while_validation_stays_low(tiny_model_dir, docker_env, tmp_path):
-    """SFT that ends with val_oracle_prob under sft.restart_below starts over from a new init (its
-    first loss is an untrained model's again) with a new data order, at most sft.restarts times."""
-    from tasks import generate_easy_tasks
-    from transformers import AutoTokenizer
-    tasks = generate_easy_tasks(7, seed=3, kinds=["copy"])
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-
-    def sft(below, out):
-        cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
-            f"model.path={tiny_model_dir}", "threads=1", "sft.steps=4", "sft.batch_size=4", "sft.lr=1e-2",
-            "sft.warmup_steps=0", "sft.val_tasks=3", "sft.val_every=2", "sft.restarts=2", f"sft.restart_below={below}"])
-        torch.manual_seed(0)
-        model = train.load_model(cfg, "cpu")
-        out.mkdir()
-        log = rundir.RunLog(out, None, tensorboard=False)
-        train.sft_warm_start(cfg, model, tok, docker_env, tasks[:4], tasks[4:], config.rollout_cfg(cfg), log)
-        log.close()
-        return log.records
-
-    recs = sft(0.999, tmp_path / "a")  # out of reach: the first run and both restarts
-    runs = [[r for r in recs if r.get("restart", 0) == k] for k in range(3)]
-    assert [[r["step"] for r in run] for run in runs] == [list(range(4))] * 3
-    assert all(r["val_oracle_prob"] < 0.999 for r in recs if "val_oracle_prob" in r)
-    for run in runs[1:]:
-        assert run[0]["loss"] > runs[0][-1]["loss"] + 1.0, "a restart starts from untrained weights"
-    assert runs[1][0]["loss"] != runs[2][0]["loss"]  # another init, another batch
-    assert "sft: 4 steps after 2 restart(s)" in rundir.summary(recs, 1.0, tmp_path)
-
-    kept = sft(runs[0][-1]["val_oracle_prob"], tmp_path / "b")  # the first run reaches it: no restart
-    assert [r["step"] for r in kept] == list(range(4)) and not any("restart" in r for r in kept)
-    assert kept == runs[0]  # the same first run: a restart option changes nothing until it fires
 
 def _write_file(d: Path):
     d.mkdir(parents=True)
@@ -433,8 +405,8 @@ def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_pat
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     for lora in (False, True):
         cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}", f"model.lora={lora}"])
-        model = train.load_model(cfg, "cpu")
-        ckpt = rundir.save_checkpoint(tmp_path / f"lora{lora}", 1, lambda d: train.save_model(model, tok, d),
+        model = learner.load_model(cfg, "cpu")
+        ckpt = rundir.save_checkpoint(tmp_path / f"lora{lora}", 1, lambda d: learner.save_model(model, tok, d),
                                      {"step": 1}, 1)
         path = ckpt / "model"
         if lora:
@@ -445,13 +417,13 @@ def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_pat
             for (n, a), b in zip(model.state_dict().items(), reloaded.state_dict().values()):
                 torch.testing.assert_close(a, b, msg=n)
         AutoTokenizer.from_pretrained(path)
-        resumed = train.load_model(cfg, "cpu", resume=ckpt)
+        resumed = learner.load_model(cfg, "cpu", resume=ckpt)
         assert sum(p.numel() for p in resumed.parameters() if p.requires_grad) == \
             sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vllm_engine, tmp_path):
-    """model.lora: SFT updates (train.update) on the adapter, train.sync_weights hot-swaps it into the
+    """model.lora: SFT steps (learner.sft_step) on the adapter, train.sync_weights hot-swaps it into the
     session's vLLM CPU engine; then the engine's greedy reply is the trainer's greedy reply with the
     new adapter, which is not the base model's, and its sampled-token log-probs are the trainer's.
     train.py's score-based sync check is off for LoRA on vLLM CPU; this is the proof that the adapter
@@ -470,10 +442,10 @@ def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vll
                        reward=torch.ones(1), valid=torch.ones(1, dtype=torch.bool), group_id=torch.zeros(1, dtype=torch.long),
                        policy_version=torch.zeros(1, dtype=torch.long), finish_reason=["submitted"])
     torch.manual_seed(0)
-    model = train.load_model(cfg, "cpu")
-    opt, sched = train.make_optimizer(model, 1e-2, 0.0, (0.9, 0.999), 0, 20, "constant")
+    model = learner.load_model(cfg, "cpu")
+    opt, sched = learner.make_optimizer(model, 1e-2, 0.0, (0.9, 0.999), 0, 20, "constant")
     for _ in range(20):
-        train.update(model, opt, sched, batch, None, cfg, sft=True)
+        learner.sft_step(model, opt, sched, batch, cfg.train)
     model.eval()
 
     def trainer_greedy():
@@ -569,7 +541,7 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
     import shutil
     model = tmp_path / "tiny"
     shutil.copytree(tiny_model_dir, model)
-    overrides = ["model.build_tiny=false", f"model.path={model}", "threads=1",
+    overrides = ["model.build_tiny=false", f"model.path={model}",
                  "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=4", "sft.val_tasks=2",
                  "train.steps=3", "train.tasks_per_step=2", "train.group_size=2",
                  "rollout.max_turns=3", "rollout.max_tokens_per_turn=64",
@@ -654,7 +626,7 @@ def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, tiny_model
     model = tmp_path / "tiny"
     shutil.copytree(tiny_model_dir, model)
     out, whole = tmp_path / "run", tmp_path / "whole"
-    overrides = ["model.build_tiny=false", f"model.path={model}", "threads=1", "engine.kind=hf",
+    overrides = ["model.build_tiny=false", f"model.path={model}", "engine.kind=hf",
                  f"train.parallel={parallel}", "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=3",
                  "sft.val_tasks=2", "train.tasks_per_step=3", "train.group_size=2", "train.micro_batch_tokens=300",
                  "algo.negative_reward=-1.0", "rollout.max_turns=2", "eval.num_tasks=0", "checkpoint.every=1",

@@ -1,0 +1,380 @@
+"""The trainer's side: its model (device, load, save) and one optimizer step on a Batch, in
+token-budget micro-batches.
+
+SFT and RL share it; they differ only in the loss of a micro-batch and in which rows train:
+
+    opt, sched = make_optimizer(model, lr, weight_decay, betas, warmup, total, "cosine")
+    metrics = rl_step(model, opt, sched, batch, adv, acfg, cfg.train)   # algo.policy_loss
+    metrics = sft_step(model, opt, sched, batch, cfg.train)        # NLL on loss_mask tokens
+
+Every micro-batch's loss is backpropagated with denominator 1, and the summed gradient is divided
+by the whole batch's denominator afterwards (algo.py's module docstring derives why that is the
+full-batch loss). Rows are packed by padded token count, not by row count, so one long episode
+does not blow the memory of a forward and short ones do not waste it on padding.
+"""
+import contextlib
+import dataclasses
+import math
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+import algo
+import distributed
+
+
+# -----------------------------------------------------------------------------------------------
+# the model: device, load, save
+
+
+def pick_device(cfg) -> str:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("device: cuda, but torch sees no GPU (torch.cuda.is_available() is False). "
+                         "Check nvidia-smi and that torch is a CUDA build, or run with --set device=cpu.")
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+def check_model_path(cfg):
+    """A local model directory, or a hub id (org/name) that is cached or reachable: said at once,
+    with what to do, instead of transformers' OSError after its retries (test_rundir.py)."""
+    if cfg.model.build_tiny:
+        return
+    path = cfg.model.path
+    p = Path(path).expanduser()
+    if (p / "config.json").exists():
+        return
+    hint = ("Point model.path at a local Hugging Face model directory, or a hub id (org/name), or set "
+            "model.build_tiny: true to build the tiny CPU model there.")
+    if p.exists() or path.count("/") != 1 or path.startswith((".", "/", "~")):
+        raise SystemExit(f"model.path {path!r}: " + (f"{p} is not a model directory (no config.json). " if p.exists()
+                         else f"{p.resolve()} does not exist. ") + hint)
+    problem = _hub_model_problem(path)
+    if problem:
+        raise SystemExit(f"model.path {path!r} is not a local directory ({p.resolve()} does not exist), and as a "
+                         f"Hugging Face hub id: {problem}. Point model.path at a local model directory; or, on a "
+                         f"machine with network, `huggingface-cli download {path}` and copy its cache here, then "
+                         f"set HF_HUB_OFFLINE=1 so nothing is looked up online.")
+
+
+def _hub_model_problem(repo_id: str) -> str | None:
+    """Why `repo_id` cannot be loaded from the Hugging Face cache or the hub, or None."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache  # only a hub id needs it
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return f"HF_HUB_OFFLINE is set and it is not in the cache ({constants.HF_HUB_CACHE})"
+    try:
+        HfApi().model_info(repo_id, timeout=10)  # one short try: no network means seconds, not a minute
+    except Exception as e:  # noqa: BLE001 -- connection, DNS, 401/404: all mean "cannot get it"
+        return f"not in the cache ({constants.HF_HUB_CACHE}) and the hub did not answer for it ({type(e).__name__}: {e})"
+    return None
+
+
+def compute_dtype(cfg, device: str):
+    """The dtype the trainer computes in (model.dtype; auto = bf16 on GPU, fp32 on CPU)."""
+    return {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
+            "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+
+
+def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = False):
+    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming.
+
+    Full fine-tuning keeps fp32 master weights (and so fp32 AdamW state) and computes in
+    compute_dtype: a bf16 weight rounds away any update below 2^-8 of itself, which at lr 1e-6 is
+    almost every update (test_gpu_path.py::test_bf16_compute_moves_every_weight_at_lr_1e_6). LoRA's
+    frozen base stays in compute_dtype, as does a `frozen` model (the KL reference); peft keeps the
+    adapter in fp32."""
+    m = cfg.model
+    dtype = compute_dtype(cfg, device)
+    base_path = resume / "model" if (resume and not m.lora) else m.path
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32)
+    if m.lora:
+        from peft import LoraConfig, PeftModel, get_peft_model  # optional: LoRA runs only
+        if resume:
+            model = PeftModel.from_pretrained(model, resume / "model", is_trainable=True)
+        else:
+            model = get_peft_model(model, LoraConfig(
+                r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
+                target_modules=m.lora_target_modules, task_type="CAUSAL_LM"))
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if m.lora:
+            model.enable_input_require_grads()  # else checkpointed blocks see no input needing grad
+    model.config.use_cache = False
+    model = model.to(device)
+    if dtype != torch.float32 and not (distributed.world_size() > 1 and cfg.train.parallel == "fsdp"):
+        # FSDP2 casts in its MixedPrecisionPolicy instead (distributed.wrap_parallel)
+        model.forward = torch.autocast(device_type=device.split(":")[0], dtype=dtype)(model.forward)
+    return model
+
+
+def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
+    """HF format as is: the full model, or the peft adapter (adapter_config.json + weights)."""
+    sd = state_dict if state_dict is not None else distributed.full_state_dict(model)
+    distributed.unwrap(model).save_pretrained(out, state_dict=sd, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+# -----------------------------------------------------------------------------------------------
+# micro-batches by token budget
+
+
+def pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
+    """Group row indices so each group's padded size (rows x longest) fits `budget`; longest first.
+
+    Sorting by length before cutting keeps rows of similar length together, which is what keeps
+    padding low; a row longer than the budget gets a micro-batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups, cur = [], []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[cur[0]] > budget:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def padding_fraction(lengths: list[int], groups: list[list[int]]) -> float:
+    """Share of the tokens fed to the model that are padding (rows in no group are not fed)."""
+    padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+    return 1.0 - sum(lengths[i] for g in groups for i in g) / padded if padded else 0.0
+
+
+def select_rows(batch, rows: list[int], extra: dict | None = None):
+    """Sub-batch of `rows`, trimmed to its longest row (right padding); also slices `extra` [B,T] tensors."""
+    idx = torch.as_tensor(rows, dtype=torch.long)
+    T = max(int(batch.attention_mask[idx].sum(1).max()), 1)
+    fields = {}
+    for f in dataclasses.fields(batch):
+        v = getattr(batch, f.name)
+        if torch.is_tensor(v):
+            v = v[idx.to(v.device)]
+            v = v[:, :T] if v.dim() == 2 else v
+        elif isinstance(v, list):
+            v = [v[i] for i in rows]
+        fields[f.name] = v
+    sliced = {k: v[idx.to(v.device)][:, :T] for k, v in (extra or {}).items()}
+    return dataclasses.replace(batch, **fields), sliced
+
+
+def micro_batches(model, lengths: list[int], rows, budget: int) -> tuple[list[list[int]], int]:
+    """`rows` packed into token-budget micro-batches, then repeats of the first appended so every
+    FSDP rank runs as many forwards (one zero-loss forward when no row is left). Returns (groups,
+    the number of real ones)."""
+    rows = list(rows)
+    groups = [[rows[j] for j in g] for g in pack_by_tokens([lengths[r] for r in rows], budget)]
+    n_real = len(groups)
+    groups = groups or [[0]]
+    return groups + [groups[0]] * (distributed.forward_count(model, len(groups), "max") - len(groups)), n_real
+
+
+def _pad_to(x, T: int):
+    return torch.nn.functional.pad(x, (0, T - x.shape[1]))
+
+
+# -----------------------------------------------------------------------------------------------
+# optimizer and schedule
+
+
+def make_optimizer(model, lr: float, weight_decay: float, betas, warmup: int, total: int, schedule: str):
+    """AdamW over trainable params + linear warmup then constant or cosine decay (to 10%)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas),
+                            fused=False, foreach=True)
+
+    def factor(s):
+        if s < warmup:
+            return (s + 1) / (warmup + 1)
+        if schedule == "cosine":
+            frac = min(1.0, (s - warmup) / max(1, total - warmup))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+        return 1.0
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+# -----------------------------------------------------------------------------------------------
+# log-probs without grad
+
+
+def policy_logprobs(model, batch, budget: int, temperature: float = 1.0):
+    """log π_θ(token) [B,T] under the current weights, no grad, in token-budget micro-batches."""
+    dev = next(model.parameters()).device
+    T = batch.input_ids.shape[1]
+    groups, n_real = micro_batches(model, batch.attention_mask.sum(1).tolist(), range(len(batch)), budget)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        for i, rows in enumerate(groups):
+            mb = select_rows(batch, rows)[0].to(dev)
+            lp, _ = algo.token_logprobs(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                              use_cache=False).logits, mb.input_ids, temperature=temperature)
+            if i < n_real:
+                out[rows] = _pad_to(lp.float().cpu(), T)
+    if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a forward without
+        model.reshard()            # backward; the optimizer and the state-dict APIs expect the shards
+    model.train()
+    return out.to(batch.input_ids.device)
+
+
+def sequence_logprobs(model, batch, n: int) -> tuple[list, list, list]:
+    """(token ids, log π_θ [L], loss_mask [L]) of the first n valid rows with sampled tokens, each
+    forwarded alone and unpadded, as an engine scores a prompt (train.sync_gap compares the two)."""
+    rows = [i for i in range(len(batch)) if batch.valid[i] and batch.loss_mask[i].sum() > 0][:n]
+    rows = rows[:distributed.forward_count(model, len(rows), "min")]
+    dev = next(model.parameters()).device
+    seqs, lps, masks = [], [], []
+    if not rows:
+        return seqs, lps, masks
+    model.eval()
+    with torch.no_grad():
+        for i in rows:
+            L = int(batch.attention_mask[i].sum())
+            ids = batch.input_ids[i:i + 1, :L].to(dev)
+            lp, _ = algo.token_logprobs(distributed.unwrap(model)(input_ids=ids, use_cache=False).logits, ids)
+            seqs.append(ids[0].tolist())
+            lps.append(lp[0].cpu())
+            masks.append(batch.loss_mask[i, :L])
+    if hasattr(model, "reshard"):  # as in policy_logprobs
+        model.reshard()
+    model.train()
+    return seqs, lps, masks
+
+
+def load_reference(cfg, device: str):
+    """The frozen reference policy of algo's KL term (algo.kl_coef) under full fine-tuning:
+    model.path's weights, as loaded before any SFT or RL. None under LoRA, where the reference is
+    the same model with its adapter disabled (fill_ref_logprobs), at no memory cost."""
+    if cfg.model.lora:
+        return None
+    ref = load_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)),
+                     device, frozen=True)
+    return ref.eval().requires_grad_(False)
+
+
+def fill_ref_logprobs(model, ref_model, batch, budget: int, temperature: float = 1.0):
+    """batch.ref_logprobs = log π_ref(token): from `ref_model` (load_reference), or under LoRA from
+    `model` with its adapter disabled."""
+    if ref_model is not None:
+        batch.ref_logprobs = policy_logprobs(ref_model, batch, budget, temperature)
+        return
+    with distributed.unwrap(model).disable_adapter():
+        batch.ref_logprobs = policy_logprobs(model, batch, budget, temperature)
+
+
+# -----------------------------------------------------------------------------------------------
+# one optimizer step
+
+
+def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budget: int, grad_clip: float,
+                   extra: dict | None = None, full_mask=None, temperature: float = 1.0,
+                   with_entropy: bool = False, entropy_grad: bool = False) -> tuple[dict, dict]:
+    """One AdamW step on `rows` of `batch`: forward/backward each micro-batch, rescale, clip, step.
+
+    micro_loss(lp, ent, mb, ex, rows) -> (summed loss, trained-token mask [b,t], metrics | None) for a
+    micro-batch `mb` of global `rows`, with `extra` [B,T] tensors sliced to it in `ex`.
+    denominator(mask [B,T]) -> float: the whole batch's, from `full_mask` when given (rows were left
+    out, but their tokens count), else from the micro-batches' masks. Returns (row-weighted means of
+    the micro-batch metrics, this step's loss / grad_norm / lr / token counts)."""
+    dev = next(model.parameters()).device
+    T = batch.input_ids.shape[1]
+    lengths = batch.attention_mask.sum(1).tolist()
+    groups, n_real = micro_batches(model, lengths, rows, budget)
+    masks, mb_metrics, loss_sum = [], [], 0.0
+    opt.zero_grad(set_to_none=True)
+    model.train()
+    for i, g in enumerate(groups):
+        mb, ex = select_rows(batch, g, extra)
+        mb = mb.to(dev)
+        pad = i >= n_real  # one of those extra micro-batches: it keeps the collectives in step, adds nothing
+        last = i == len(groups) - 1
+        sync_ctx = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
+        with sync_ctx:
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+            lp, ent = algo.token_logprobs(logits, mb.input_ids, temperature=temperature,
+                                          with_entropy=with_entropy, entropy_grad=entropy_grad)
+            del logits
+            loss, m, mm = micro_loss(lp, ent, mb, {k: v.to(dev) for k, v in ex.items()}, g)
+            if mm is not None and not pad:
+                mb_metrics.append((len(g), mm))
+            (loss * 0 if pad else loss).backward()
+        if pad:
+            continue
+        loss_sum += float(loss.detach())
+        masks.append(_pad_to(m.detach().cpu(), T))
+    if full_mask is None:
+        full_mask = torch.cat(masks) if masks else torch.zeros(1, T)
+    den = denominator(full_mask)
+    world = distributed.world_size()
+    if world > 1:  # DDP averaged the gradients over ranks; the loss is a global sum / global denominator
+        t = torch.tensor([den, loss_sum], device=dev)
+        dist.all_reduce(t)
+        den, loss_sum = float(t[0]), float(t[1])
+    scale = world / den
+    params = [p for p in model.parameters() if p.grad is not None]
+    for p in params:
+        p.grad.mul_(scale)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    n = sum(r for r, _ in mb_metrics) or 1
+    means = {k: sum(r * m.get(k, 0.0) for r, m in mb_metrics) / n for k in (mb_metrics[0][1] if mb_metrics else {})
+             if k not in ("loss", "pg_loss", "imitation_loss", "kl_loss", "entropy_loss", "tokens_trained")}
+    return means, dict(loss=loss_sum / den, grad_norm=float(grad_norm), lr=sched.get_last_lr()[0],
+                       tokens=int(sum(lengths)), trained_tokens=int(full_mask.sum()),
+                       padding_frac=padding_fraction(lengths, groups[:n_real]), micro_batches=n_real,
+                       rows_trained=len(list(rows)))
+
+
+def rl_step(model, opt, sched, batch, adv, acfg, tcfg, temperature: float = 1.0) -> dict:
+    """One RL optimizer step on `batch` with advantages `adv` (algo.compute_advantages); the rows
+    that train, the loss and its denominator come from algo.py.
+
+    π_old is the current weights unless batch.old_logprobs is filled (fill_old_logprobs, before
+    the first of several updates on a batch). Rows that cannot move the weights are not forwarded
+    (algo.rows_that_train); the per-micro-batch metrics (entropy, ratios, clip fractions) then
+    cover the rows that trained. `tcfg` is config.TrainConfig (micro_batch_tokens, grad_clip, log_entropy)."""
+    keep, metrics = algo.keep_rows(batch, adv, acfg)
+    rows, known = algo.rows_that_train(batch, adv, keep, acfg)
+
+    def micro_loss(lp, ent, mb, ex, mb_rows):
+        kmb, amb = keep[mb_rows].to(lp.device), ex["adv"]
+        old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+        rl, il, _, _ = algo.train_masks(mb, amb, acfg, old, kmb)
+        loss, mm = algo.policy_loss(lp, mb, amb, acfg, ent, keep=kmb, denominator=1.0)
+        return loss, rl + il, mm
+
+    means, step = optimizer_step(
+        model, opt, sched, batch, rows, micro_loss,
+        lambda mask: algo.aggregation_denominator(mask, acfg.agg, acfg.norm_length),
+        tcfg.micro_batch_tokens, tcfg.grad_clip, extra={"adv": adv}, full_mask=known, temperature=temperature,
+        with_entropy=tcfg.log_entropy, entropy_grad=bool(acfg.entropy_coef))
+    metrics.update(means)
+    if known is not None:  # rows were skipped: the masks of the whole batch
+        metrics.update(algo.advantage_stats(adv, known * (batch.loss_mask > 0)))
+    metrics.update(step)
+    return metrics
+
+
+def sft_step(model, opt, sched, batch, tcfg) -> dict:
+    """One SFT optimizer step: mean NLL over the sampled (loss_mask) tokens of valid rows."""
+    def micro_loss(lp, ent, mb, ex, mb_rows):
+        m = mb.loss_mask.float() * mb.valid[:, None]
+        return -(lp * m).sum(), m, None
+
+    means, step = optimizer_step(model, opt, sched, batch, range(len(batch)), micro_loss,
+                                 lambda mask: max(float(mask.sum()), 1.0), tcfg.micro_batch_tokens, tcfg.grad_clip)
+    return {**means, **step}
+
+
+def fill_old_logprobs(model, batch, budget: int, temperature: float = 1.0):
+    """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
+    updates on the batch (the ratios of the later ones are measured against it)."""
+    batch.old_logprobs = policy_logprobs(model, batch, budget, temperature)

@@ -1,0 +1,271 @@
+"""Hostile commands against the terminal harness (issue 17): each case asserts containment, that the
+terminal or the episode ends in a defined state, and host health (no leaked container, process or
+disk). Cases share one container per group where one case cannot spoil the next."""
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+
+import env as E
+from conftest import ROOT
+
+
+def _procs(term) -> dict:
+    cgroup = getattr(term, "_cgroup", None)  # a consistent snapshot where the cgroup is readable
+    procs = E._container_procs(term._host_pid, cgroup) if cgroup else E._container_procs(term._host_pid)
+    assert procs is not None, "tests run next to a local Docker daemon"
+    return procs
+
+
+def _gone(env, term):
+    """Host health after an episode: its container is removed and no process of it survives."""
+    assert not env.client.api.containers(all=True, filters={"id": term.id})
+    assert not os.path.exists(f"/proc/{term._host_pid}")
+
+
+def _task(easy_tasks, i, **kw):
+    return dataclasses.replace(easy_tasks[i], **kw)
+
+
+# --- framing: nothing the shell prints or redefines decides where a command ends or its exit code ---
+
+def _forgeries(text: str) -> str:
+    """Shell code that prints an end marker with exit code 0 for every token-like string seen so far,
+    in every marker format the harness has used (what an agent reading its own trace could do)."""
+    toks = sorted(set(re.findall(r"[0-9a-f]{16,}", text)))
+    fmts = ["\\n__termrl_%s_E 0\\n"] + [f.replace("%", "%%").replace("{}", "%s") for f in getattr(E, "FORGERY_FORMATS", [])]
+    return "; ".join(f"builtin printf '{f}' {t}" for t in toks for f in fmts) or "true"
+
+
+def test_framing_survives_traces_traps_and_redefined_builtins(docker_env, easy_tasks):
+    """Bugs: `set -x` / a DEBUG trap printed the terminal's marker token, so a command could print
+    the end marker early (rc 0, empty output, its real output bled into the next command), and a
+    function named `printf` made every later exit code 0."""
+    with docker_env.reset(easy_tasks[0]) as term:
+        seen = term.run("set -x; true").output + term.run("trap 'echo \"$BASH_COMMAND\"' DEBUG; true").output
+        assert term.run("set +x; trap - DEBUG").exit_code == 0
+        seen += term.run("set -x; true; set +x").output
+        # replay every token the trace showed as a forged end marker, then do the real work
+        r = term.run(f"{_forgeries(seen)}; sleep 0.3; echo real; (exit 7)", timeout=10)
+        assert (r.exit_code, r.timed_out) == (7, False) and r.output.rstrip().endswith("real"), r
+        assert term.run("echo next").output == "next\n"  # nothing of the forged command bled in
+        # builtins the harness could rely on, redefined as functions and aliases
+        term.run("printf() { builtin printf \"$1\" \"$2\" 0; }; builtin() { command \"$@\"; }; "
+                 "command() { :; }; read() { :; }; shopt -s expand_aliases; alias printf=true builtin=true")
+        for want in (1, 0, 5):
+            r = term.run(f"(exit {want})")
+            assert r.exit_code == want and not r.timed_out, r
+        assert term.run("unset -f printf builtin command read; unalias -a; echo ok").output == "ok\n"
+        # a redirected stdout keeps the framing intact; the output goes where the agent sent it
+        assert term.run("exec 3>&1 1>/tmp/o 2>&1; echo hidden").exit_code == 0
+        assert term.run("exec 1>&3 2>&1; cat /tmp/o").output == "hidden\n"
+        # unbalanced quotes and binary output still come back as a defined result
+        assert term.run("echo 'open").exit_code == 2
+        assert term.run(r"printf 'a\x00b\xffc\n'").output == "a\x00b\ufffdc\n"
+        assert term.run("cat").output == ""  # stdin is empty
+    _gone(docker_env, term)
+
+
+# --- restarts and timeouts ------------------------------------------------------------------------
+
+def test_timeout_ends_a_shell_that_ignores_signals_within_the_margin(docker_env, easy_tasks):
+    """Bug: a shell ignoring the signal used to stop it kept spinning after the restart (35% CPU;
+    a 5 s timeout took 11.2 s). The restart must SIGKILL the old tree and the timeout be kept."""
+    with docker_env.reset(easy_tasks[1]) as term:
+        base = set(_procs(term))
+        old_shell = [h for h, n in _procs(term).items() if n == term._session_pid]
+        t0 = time.monotonic()
+        r = term.run("trap '' USR1 INT TERM HUP; while :; do :; done", timeout=5)
+        took = time.monotonic() - t0
+        assert r.timed_out and r.exit_code is None and "timed out after 5s" in r.output, r
+        assert took <= 5 + getattr(E, "TIMEOUT_MARGIN_S", 1.5), took
+        assert term.run("echo fresh").output == "fresh\n"
+        time.sleep(0.2)
+        assert not any(os.path.exists(f"/proc/{h}") for h in old_shell)  # the spinning shell is gone
+        assert len(_procs(term)) == len(base), _procs(term)  # init, sleep and one shell: nothing else
+        # the shell replaced by exit / exec / kill -9 $$ leaves nothing behind either
+        for cmd in ["exit 3", "exec bash --norc", "kill -9 $$", "sleep infinity"]:
+            r = term.run(cmd, timeout=2)
+            assert term.run("echo up").output == "up\n", cmd
+            assert len(_procs(term)) == len(base), (cmd, _procs(term))
+    _gone(docker_env, term)
+
+
+# --- background work --------------------------------------------------------------------------------
+
+def test_background_output_stays_out_of_later_commands(docker_env, easy_tasks):
+    """Bug: `yes > /dev/stdout &` filled every later command's output with 16 KiB of `y`. Background
+    jobs keep running between commands, but what they write is not a later command's output."""
+    with docker_env.reset(easy_tasks[2]) as term:
+        r = term.run("(while :; do echo tick; sleep 0.1; done) & echo $! > /tmp/ticker; echo started")
+        assert r.output.startswith("started\n") or r.output.startswith("tick\nstarted\n"), r.output
+        assert term.run("sleep 0.5; echo mine").output == "mine\n"
+        assert term.run("kill -0 $(cat /tmp/ticker) && echo alive").output == "alive\n"  # still running
+        term.run("yes > /dev/stdout & echo $! > /tmp/yes")
+        for word in ("one", "two"):
+            r = term.run(f"sleep 0.3; echo {word}")
+            assert r.output == f"{word}\n" and r.exit_code == 0, r.output[:200]
+        term.run("kill $(cat /tmp/yes) $(cat /tmp/ticker)")
+        assert term.run("echo done").output == "done\n"
+    _gone(docker_env, term)
+
+
+def test_fork_bomb_and_cpu_burners_are_contained(docker_env, easy_tasks):
+    """Bug: a fork bomb returned rc 0 at once and kept the pid limit exhausted, so later commands
+    could not fork. Containment: the pid limit; a command that ends at the limit ends the bomb."""
+    task = _task(easy_tasks, 3, pids=64)
+    with docker_env.reset(task) as term:
+        term.run("for i in $(seq 16); do (while :; do :; done) & done; echo burning", timeout=10)
+        assert term.run("echo alive").output == "alive\n"
+        term.run("pkill -f 'while' ; kill $(jobs -p) 2>/dev/null; true")
+        term.run(":(){ :|:& };:", timeout=5)
+        time.sleep(1)
+        assert len(_procs(term)) <= 64
+        r = term.run("ls / | wc -l", timeout=30)  # needs to fork: the bomb must not starve it
+        assert r.exit_code == 0 and int(r.output.split()[-1]) > 5, r.output[-300:]
+        # the bomb is over: init, sleep, the shell and the harness's output relays are left
+        assert len(_procs(term)) <= 3 + len(getattr(term, "_relays", ())), len(_procs(term))
+        assert term.run("echo alive").output == "alive\n"
+    _gone(docker_env, term)
+
+
+def test_memory_flood_network_and_sleep_are_contained(docker_env, easy_tasks):
+    """Cases that already held (kept from regressing): a memory hog is OOM-killed, an output flood is
+    capped and killed, a sleep is timed out, the network is unreachable; the shell stays usable."""
+    with docker_env.reset(_task(easy_tasks, 4, memory_mb=128)) as term:
+        r = term.run("python3 -c \"b = b'x' * (1 << 30); print('survived')\"", timeout=60)
+        assert r.exit_code == 137 and "survived" not in r.output.splitlines(), r
+        r = term.run("yes", timeout=3)
+        assert r.timed_out and r.truncated and len(r.output) < E.OUTPUT_CAP + 500
+        r = term.run("cat /dev/urandom", timeout=3)
+        assert r.timed_out and len(r.output) < 4 * E.OUTPUT_CAP
+        assert term.run("sleep 100", timeout=1).timed_out
+        r = term.run("python3 -c \"import socket; socket.create_connection(('10.1.2.3', 80), 3)\"")
+        assert r.exit_code != 0 and "unreachable" in r.output.lower()
+        assert term.run("echo alive").output == "alive\n"
+    _gone(docker_env, term)
+
+
+# --- a broken container -----------------------------------------------------------------------------
+
+def test_deleted_dev_null_does_not_break_the_harness(docker_env, easy_tasks):
+    """Bug: the harness redirected every command from /dev/null; once it was deleted every later
+    command failed with '/dev/null: No such file or directory'."""
+    with docker_env.reset(easy_tasks[5]) as term:
+        assert term.run("rm -f /dev/null; echo gone").output == "gone\n"
+        r = term.run("echo still here; cat")
+        assert r.output == "still here\n" and r.exit_code == 0, r.output
+        term.run("exit")  # a restart must not need it either
+        assert term.run("echo restarted").output == "restarted\n"
+    _gone(docker_env, term)
+
+
+def test_rm_rf_root_ends_the_episode_as_the_agents_doing(docker_env, easy_tasks):
+    """Bug: after `rm -rf /` every later command failed and no restart helped; the harness must not
+    depend on the container's files, and a terminal that cannot start a shell is reported dead:
+    the episode ends and is graded as a failure, not as an infrastructure error."""
+    with docker_env.reset(easy_tasks[6]) as term:
+        term.run("rm -rf --no-preserve-root / 2>&1 | tail -1", timeout=30)
+        r = term.run("echo survivor")
+        assert r.output == "survivor\n", r.output  # the running shell keeps working
+        r = term.run("exit")
+        r = term.run("echo again")
+        assert getattr(term, "dead", None), r  # no bash left to start: the terminal is dead ...
+        assert "terminal" in r.output.lower() and r.exit_code is None
+        t0 = time.monotonic()
+        g = term.grade()
+        assert (g.reward, g.infra_error) == (0.0, None), g  # ... and that is the agent's doing
+        assert time.monotonic() - t0 < 10
+    _gone(docker_env, term)
+
+
+# --- disk ---------------------------------------------------------------------------------------------
+
+def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
+    """Bug: only a 1 GiB per-file limit existed: two files wrote 2.2 GB to the host's Docker disk.
+    The container's writable layer is capped; writing past the cap ends the episode."""
+    cap_mb = 200
+    task = _task(easy_tasks, 7, **({"disk_mb": cap_mb} if "disk_mb" in E.Task.__dataclass_fields__ else {}))
+    with docker_env.reset(task) as term:
+        upper = docker_env.client.api.inspect_container(term.id)["GraphDriver"]["Data"]["UpperDir"]
+        r = term.run("for i in 1 2 3; do head -c 150M /dev/zero > /big$i || break; done; echo wrote", timeout=60)
+        time.sleep(E.DISK_CHECK_S * 2 if hasattr(E, "DISK_CHECK_S") else 0)
+        used = int(subprocess.run(["du", "-sm", upper], capture_output=True, text=True).stdout.split()[0])
+        assert used <= cap_mb + 200, used  # bounded: the cap plus what one check interval lets through
+        r = term.run("echo after")
+        assert getattr(term, "dead", None) and "disk" in r.output.lower(), r
+    _gone(docker_env, term)
+
+
+# --- deadlines from outside the container --------------------------------------------------------------
+
+def test_exec_and_grade_have_a_host_side_deadline(docker_env, easy_tasks):
+    """Bug: grading ran through `timeout` inside the container; with it replaced, grade() waited for
+    the Docker client's 600 s. Every call into a container has a deadline enforced from outside."""
+    task = _task(easy_tasks, 8, test_timeout_s=3)
+    with docker_env.reset(task) as term:
+        term.run("printf '#!/bin/bash\\nwhile :; do :; done\\n' > /usr/bin/timeout")
+        t0 = time.monotonic()
+        code, out = term.exec("echo hi; sleep 100", timeout=2)
+        assert time.monotonic() - t0 < 2 + 3 and code in (124, 137), (code, out)
+        term.run("printf '#!/bin/bash\\nwhile :; do :; done\\n' > /usr/local/bin/bash; chmod +x /usr/local/bin/bash")
+        t0 = time.monotonic()
+        g = term.grade()
+        assert time.monotonic() - t0 < 3 + 5, g
+        assert g.infra_error is None and g.reward == 0.0, g
+    _gone(docker_env, term)
+
+
+# --- shutdown -------------------------------------------------------------------------------------
+
+_ROLLOUT_CHILD = """
+import sys, time, threading
+sys.path.insert(0, {root!r})
+from transformers import AutoTokenizer
+import env as E, rollout as R
+tok = AutoTokenizer.from_pretrained({model!r})
+policy = R.ScriptedPolicy(tok, mode="fixed", commands=("sleep 2",) * 40, latency_s=0.05)
+cfg = R.RolloutConfig(num_workers=3, group_size=4, max_turns=50, command_timeout_s=30)
+e = E.Env()
+print("ready", flush=True)
+try:
+    R.collect(E.generate_easy_tasks(12, seed=0), policy, e, cfg, progress=False)
+finally:
+    print("left collect", flush=True)
+"""
+
+
+def test_sigterm_during_rollout_stops_at_once_and_leaks_nothing(docker_env, tiny_model_dir):
+    """Bug: SIGTERM during a rollout exited only after 25 s, having started 26 new episodes after the
+    signal. Now no episode starts after it, running ones end, the process exits within seconds."""
+    code = _ROLLOUT_CHILD.format(root=str(ROOT), model=str(tiny_model_dir))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    api = docker_env.client.api
+    pid_filter = {"label": f"termrl.pid={child.pid}"}
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        t_end = time.monotonic() + 60
+        while len(api.containers(all=True, filters=pid_filter)) < 3 and time.monotonic() < t_end:
+            time.sleep(0.2)
+        time.sleep(1)
+        since = time.time()
+        child.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        assert child.stdout.readline().strip() == "left collect"
+        stopped = time.monotonic() - t0
+        child.wait(30)
+        exited = time.monotonic() - t0
+        events = api.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
+                            filters={"type": "container", "event": "create", "label": f"termrl.pid={child.pid}"})
+        started_after = [e for e in events if e["timeNano"] > since * 1e9]
+        assert stopped < 5, stopped  # the running episodes' commands (sleep 2) end with their containers
+        assert exited < 15, exited   # + interpreter exit with torch loaded (a few seconds on a busy box)
+        assert not started_after, started_after
+        assert not api.containers(all=True, filters=pid_filter)
+        print(f"SIGTERM: rollout stopped after {stopped:.1f}s, process exited after {exited:.1f}s")
+    finally:
+        child.kill()

@@ -1,0 +1,168 @@
+"""Real Terminal-Bench checkouts as they ship: nested collections, malformed and unsupported tasks,
+[environment.env], run_tests_in_same_shell, Dockerfiles that fail, flaky oracles, and the three
+networks (build, agent, grading) on a local internal Docker network standing in for a registry.
+Every fixture is built here from tests/fixtures or from scratch."""
+import dataclasses
+import os
+import shutil
+import time
+import uuid
+
+import pytest
+
+import env as E
+import tasks as T
+from conftest import FIXTURE_TASKS
+
+
+def _copy(name, dest):
+    return shutil.copytree(FIXTURE_TASKS / name, dest)
+
+
+# --- loading --------------------------------------------------------------------------------------
+
+def test_nested_checkout_loads_recursively_and_skips_a_malformed_task(tmp_path, capsys):
+    """Bugs: a folder of folders of tasks loaded as [] with no warning, and one malformed task made
+    the whole checkout fail to load."""
+    _copy("tb1-hello", tmp_path / "tb1" / "tb1-hello")
+    _copy("tb2-partial", tmp_path / "harbor" / "nested" / "tb2-partial")
+    broken = _copy("tb1-hello", tmp_path / "tb1" / "broken")
+    (broken / "solution.sh").unlink()
+    assert [t.name for t in T.load_tasks(tmp_path)] == ["tb2-partial", "tb1-hello"]  # harbor/ < tb1/
+    err = capsys.readouterr().err.splitlines()
+    assert [ln for ln in err if ln.startswith("skipping task:")] == [
+        f"skipping task: {broken / 'solution.sh'}: missing (the oracle solution)"]
+    assert "skipped 1 of 3 tasks" in err[-1]
+    with pytest.raises(T.TaskError, match="solution.sh"):
+        T.load_tasks(tmp_path, strict=True)
+
+
+def test_empty_checkout_is_an_error_naming_where_it_looked(tmp_path):
+    """Bug: a checkout with no task (a wrong path) loaded as [] and training started on nothing."""
+    (tmp_path / "docs").mkdir()
+    with pytest.raises(T.TaskError, match=f"no task found .*{tmp_path}"):
+        T.load_tasks(tmp_path)
+
+
+COMPOSE_TWO = "services:\n  client:\n    build: .\n  db:\n    image: postgres\n"
+
+
+@pytest.mark.parametrize("fixture,where,text,refused", [
+    ("tb1-hello", "docker-compose.yaml", COMPOSE_TWO, "multi-container"),
+    ("tb1-hello", "docker-compose.yaml", "services:\n  client:\n    build: .\n", None),  # TB1's usual one
+    ("tb2-partial", "environment/docker-compose.yaml", COMPOSE_TWO, "multi-container"),
+    ("tb2-partial", "task.toml+", '[[steps]]\ninstruction = "step 2"\n', "multi-step"),
+])
+def test_formats_termrl_cannot_run_are_refused_at_load_time(tmp_path, fixture, where, text, refused):
+    """Bug: multi-container and multi-step tasks loaded 'OK' and then ran wrong (one container, one step)."""
+    d = _copy(fixture, tmp_path / fixture)
+    if where.endswith("+"):
+        (d / where[:-1]).write_text((d / where[:-1]).read_text() + text)
+    else:
+        (d / where).write_text(text)
+    if refused is None:
+        assert T.load_task(d).name == fixture
+    else:
+        with pytest.raises(T.TaskError, match=refused):
+            T.load_task(d)
+
+
+def test_environment_env_and_tests_in_the_agents_shell(docker_env, tmp_path):
+    """Bugs: Harbor's [environment.env] was ignored; TB1's run_tests_in_same_shell tests did not see
+    what the agent exported (but must still not see a loader variable it set)."""
+    d = _copy("tb2-partial", tmp_path / "tb2-env")
+    (d / "task.toml").write_text((d / "task.toml").read_text() + '\n[environment.env]\nGREETING = "hi"\n')
+    (d / "tests" / "test.sh").write_text('[ "$GREETING" = hi ] && echo 1 > /logs/verifier/reward.txt '
+                                         '|| echo 0 > /logs/verifier/reward.txt\n')
+    task = T.load_task(d)
+    with docker_env.reset(task) as term:
+        assert term.run("echo $GREETING").output == "hi\n"
+        assert term.grade().reward == 1.0
+    d = _copy("tb1-hello", tmp_path / "tb1-shell")
+    (d / "task.yaml").write_text((d / "task.yaml").read_text() + "run_tests_in_same_shell: true\n")
+    (d / "run-tests.sh").write_text('echo "LD=${LD_PRELOAD:-unset}"; [ "$AGENT_VAR" = set ]\n')
+    task = T.load_task(d)
+    assert task.tests_in_agent_shell
+    for exports, want in [("true", 0.0), ("export AGENT_VAR=set LD_PRELOAD=/x.so", 1.0)]:
+        with docker_env.reset(task) as term:
+            term.run(exports)
+            g = term.grade()
+            assert (g.reward, g.tampered) == (want, None) and "LD=unset" in g.output, g
+
+
+# --- validate ---------------------------------------------------------------------------------------
+
+def test_task_dockerfile_that_fails_to_build_is_a_task_defect(docker_env, tmp_path):
+    """Bug: a task's own Dockerfile that failed to build was reported as an infrastructure error."""
+    d = _copy("tb1-hello", tmp_path / "bad-build")
+    (d / "Dockerfile").write_text(f"FROM termrl-base:bookworm\nRUN echo step-{uuid.uuid4().hex} && "
+                                  "echo the-build-log-tail && exit 3\n")
+    row = E.validate_task(docker_env, d, k=1)
+    assert row["status"] == "build_fails" and "the-build-log-tail" in row["error"], row
+
+
+def test_validate_reports_a_flake_rate_under_load(docker_env, tmp_path):
+    """Bug: validate ran the oracle 3 times in a row, which a 1-in-10 flake passes 73% of the time;
+    the flake runs report how often it fails under concurrent load."""
+    d = _copy("tb1-hello", tmp_path / "coin")
+    (d / "run-tests.sh").write_text("python3 -c 'import random, sys; sys.exit(random.random() < 0.5)'\n")
+    row = E.validate_task(docker_env, d, k=0, flake_runs=12, load=4)
+    assert row["status"] == "flaky" and 0 < row["flake_rate"] < 1, row
+
+
+# --- networks ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def registry():
+    """An internal Docker network (no route outside) with an HTTP server on it named `registry`."""
+    import docker
+    client = docker.from_env()
+    name = f"termrl-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    net = client.networks.create(name, internal=True, labels={"termrl": "1"})
+    srv = client.containers.run(
+        "termrl-base:bookworm", ["bash", "-c", "mkdir -p /srv && echo pkg-ok > /srv/pkg.txt && cd /srv && "
+                                 "exec python3 -m http.server 8000"],
+        detach=True, network=name, labels={"termrl": "1"}, remove=True)
+    try:
+        net.disconnect(srv)
+        net.connect(srv, aliases=["registry"])
+        for _ in range(100):
+            if srv.exec_run(["python3", "-c", "import urllib.request as u; u.urlopen('http://localhost:8000/pkg.txt')"]).exit_code == 0:
+                break
+            time.sleep(0.1)
+        yield name
+    finally:
+        srv.remove(force=True)
+        net.remove()
+
+
+FETCH = "python3 -c \"import urllib.request as u; print(u.urlopen('http://registry:8000/pkg.txt', timeout=10).read().decode())\""
+
+
+def test_build_and_grading_reach_the_registry_the_agent_does_not(registry, tmp_path):
+    """Bugs: builds and grading had no network unless the agent had it too, and a harness that could not
+    download its runner scored a silent 0. Builds and grading now reach the (stand-in) registry; the
+    agent stays offline unless the task and the Env both opt in; an offline harness is an infra error."""
+    d = _copy("tb1-hello", tmp_path / "netted")
+    (d / "Dockerfile").write_text(f"FROM termrl-base:bookworm\nWORKDIR /app\nRUN echo {uuid.uuid4().hex} && "
+                                  f"{FETCH} > /built.txt\n")
+    (d / "task.yaml").write_text((d / "task.yaml").read_text() + "tests_need_network: true\n")
+    (d / "run-tests.sh").write_text(f'[ "$({FETCH})" = pkg-ok ] && [ "$(cat /built.txt)" = pkg-ok ]\n')
+    task = T.load_task(d)
+    with E.Env(build_network=registry, agent_network=registry, grading_network=registry) as env:
+        try:
+            with env.reset(task) as term:
+                r = term.run(FETCH, timeout=30)
+                assert r.exit_code != 0 and "pkg-ok" not in r.output, r.output  # task did not opt in
+                g = term.grade()
+                assert (g.reward, g.infra_error) == (1.0, None), g.output
+            with env.reset(dataclasses.replace(task, allow_internet=True)) as term:
+                assert term.run(FETCH, timeout=30).output.strip() == "pkg-ok"  # task and Env opted in
+        finally:
+            image = env.image(task)
+    with E.Env(build_network=registry, agent_network="none", grading_network="none") as env:
+        with env.reset(dataclasses.replace(task, allow_internet=True)) as term:
+            assert term.run(FETCH, timeout=30).exit_code != 0  # the Env keeps every agent offline
+            g = term.grade()
+            assert g.reward is None and "could not install itself" in g.infra_error, g
+        env.client.images.remove(image, force=True)

@@ -1,0 +1,138 @@
+"""rundir.py, on real files and the tiny model: a run directory is never clobbered, a resume
+continues from the newest intact checkpoint with every log cut back to it, and non-finite
+weights never reach a checkpoint. Fast: no training, no engine."""
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import config
+import learner
+import rundir
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(out: Path, *flags, model="missing-model-dir/x/y"):
+    """train.py's CLI on `out`, with a model path that fails to load (the issue's case)."""
+    return train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", f"out_dir={out}",
+                       "--set", "model.build_tiny=false", "--set", f"model.path={model}", *flags])
+
+
+def test_an_existing_run_is_refused_or_moved_aside_never_clobbered(tmp_path):
+    """Bug: re-running a run_name without --resume, with a model that then failed to load, cut the
+    old metrics.jsonl from 38 lines to 0 and overwrote config.yaml."""
+    out = tmp_path / "run"
+    (out / "checkpoints" / "step_000002").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"phase": "rl", "step": i}) + "\n" for i in range(38)))
+    (out / "config.yaml").write_text("the old run's config\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit, match=r"38 metrics records.*--resume.*--restart"):
+        _cli(out)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before and len(list(tmp_path.iterdir())) == 1
+    with pytest.raises(SystemExit, match="pass one of them"):
+        _cli(out, "--resume", "--restart")
+    with pytest.raises(SystemExit, match="does not exist"):  # --restart: moved aside first
+        _cli(out, "--restart")
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
+    assert len(aside) == 1 and {aside[0] / p.relative_to(out) for p in before} == {
+        p for p in aside[0].rglob("*") if p.is_file()}
+    assert all((aside[0] / p.relative_to(out)).read_bytes() == b for p, b in before.items())
+    # --resume of a directory without any checkpoint has nothing to continue: it starts over, the old one kept
+    (out / "metrics.jsonl").write_text('{"phase": "sft", "step": 0}\n')
+    with pytest.raises(SystemExit, match="does not exist"):
+        _cli(out, "--resume")
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("run.")]) == 2
+
+
+def _append(path: Path, rows):
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs(tiny_model_dir, tmp_path, capsys):
+    """Bugs: on resume trajectories.jsonl and eval_trajectories.jsonl were not trimmed (64 duplicate
+    rows after one kill) and metrics.jsonl gained a duplicate eval record; a truncated checkpoint
+    file gave a raw traceback, and 64 KiB overwritten in model.safetensors loaded silently (NaN
+    weights, trained on and saved)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}"])
+    model, tok = learner.load_model(cfg, "cpu"), AutoTokenizer.from_pretrained(tiny_model_dir)
+    out = tmp_path / "run"
+    out.mkdir()
+    logs = {}
+    for step in (1, 2, 3):  # each step's rows are written before its checkpoint, as train.py does
+        _append(out / "trajectories.jsonl", [{"step": step, "episode": e} for e in range(4)])
+        _append(out / "eval_trajectories.jsonl", [{"step": step}])
+        _append(out / "metrics.jsonl", [{"phase": "eval", "step": step}, {"phase": "rl", "step": step}])
+        rundir.save_checkpoint(out / "checkpoints", step, lambda d: learner.save_model(model, tok, d),
+                               {"step": step}, keep_last=5)
+        logs[step] = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
+    # killed during step 4: its rows are half written, one log is new
+    _append(out / "trajectories.jsonl", [{"step": 4, "episode": 0}])
+    (out / "metrics.jsonl").open("a").write('{"phase": "eval", "st')
+    _append(out / "trajectories.rank1.jsonl", [{"step": 4}])
+
+    def resume():
+        path, state = rundir.resume_checkpoint(out / "checkpoints")
+        assert state["step"] == int(path.name[5:])
+        assert {p.name: p.read_bytes() for p in out.glob("*.jsonl") if p.stat().st_size} == logs[state["step"]]
+        return state["step"]
+
+    assert resume() == 3  # intact: the logs are cut back to step 3's, nothing else changes
+    st = out / "checkpoints" / "step_000003" / "model" / "model.safetensors"
+    with open(st, "r+b") as f:  # 64 KiB of garbage inside the weights (not the header)
+        f.seek(st.stat().st_size // 2)
+        f.write(os.urandom(64 << 10))
+    _append(out / "trajectories.jsonl", [{"step": 4, "episode": 0}])
+    assert resume() == 2
+    err = capsys.readouterr().err
+    assert "step_000003" in err and "model/model.safetensors does not match the sha256" in err and "falling back" in err
+    two = out / "checkpoints" / "step_000002" / "model" / "model.safetensors"
+    os.truncate(two, two.stat().st_size // 2)
+    assert resume() == 1 and "step_000002: model/model.safetensors does not match" in capsys.readouterr().err
+    (out / "checkpoints" / "step_000001" / "trainer.pt").write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"no intact checkpoint.*step_000001: trainer.pt does not match.*--restart"):
+        rundir.resume_checkpoint(out / "checkpoints")
+    # an intact checkpoint's weights are what was saved
+    good = rundir.save_checkpoint(out / "checkpoints", 5, lambda d: learner.save_model(model, tok, d), {"step": 5}, 5)
+    assert rundir.verify_checkpoint(good) is None
+    loaded = AutoModelForCausalLM.from_pretrained(good / "model")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_non_finite_loss_or_weights_stop_the_run(tiny_model_dir):
+    """Bug: NaN weights (from a corrupted checkpoint) trained on and were saved as a NaN checkpoint.
+    A non-finite loss or weight now ends the run naming the step, before anything is saved."""
+    from transformers import AutoModelForCausalLM
+    weights = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    rundir.stop_if_non_finite(7, {"loss": 0.5, "grad_norm": 1.0}, weights)  # finite: goes on
+    with pytest.raises(SystemExit, match=r"step 7: loss = nan.*not finite"):
+        rundir.stop_if_non_finite(7, {"loss": float("nan"), "grad_norm": 1.0})
+    name = next(iter(weights))
+    weights[name][0, 0] = float("inf")
+    with pytest.raises(SystemExit, match=rf"step 9: weight {name} is not finite"):
+        rundir.stop_if_non_finite(9, None, weights)
+
+
+def test_a_model_path_that_cannot_load_says_what_to_do_at_once(tmp_path):
+    """Bugs: a hub id without network failed after 55 s with a raw OSError; a missing local path
+    got transformers' "Repo id must be in the form ..."."""
+    def check(path):
+        cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["model.build_tiny=false", f"model.path={path}"])
+        t0 = time.monotonic()
+        with pytest.raises(SystemExit) as e:
+            learner.check_model_path(cfg)
+        return str(e.value), time.monotonic() - t0
+    msg, took = check("termrl-tests/no-such-model")
+    assert took < 15 and "HF_HUB_OFFLINE" in msg and "local model directory" in msg and "huggingface-cli download" in msg
+    msg, _ = check(tmp_path / "no-model-here")
+    assert "does not exist" in msg and "Repo id" not in msg
+    msg, _ = check("runs/no-model-here")  # shaped like a hub id, meant as a local path
+    assert "does not exist" in msg and "HF_HUB_OFFLINE" in msg
+    (tmp_path / "empty").mkdir()
+    assert "no config.json" in check(tmp_path / "empty")[0]
