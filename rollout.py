@@ -967,27 +967,13 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
                                 rng.randrange(1 << 30), expert)
                 futs[f] = gi, j
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
-<<<<<<< HEAD
-        for f in as_completed(futs):
-            gi, j = futs[f]
-            traj = f.result()
-            if traj is None or len(kept[gi]) >= G:
-                continue
-            kept[gi].append((j, traj))
-            bar.update(1)
-            if len(kept[gi]) == G:
-                cancels[gi].set()
-        bar.close()
-    out, dropped = drop_stale([t for g in kept for _, t in sorted(g, key=lambda jt: jt[0])], policy.version,
-                              cfg.max_staleness)
-=======
         try:
             for f in as_completed(futs):
-                gi = futs[f]
+                gi, j = futs[f]
                 traj = f.result()
                 if traj is None or len(kept[gi]) >= G:
                     continue
-                kept[gi].append(traj)
+                kept[gi].append((j, traj))
                 bar.update(1)
                 if len(kept[gi]) == G:
                     cancels[gi].set()
@@ -998,8 +984,8 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             raise
         finally:
             bar.close()
-    out, dropped = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
->>>>>>> main
+    out, dropped = drop_stale([t for g in kept for _, t in sorted(g, key=lambda jt: jt[0])], policy.version,
+                              cfg.max_staleness)
     if cfg.refresh_expert and experts is not None:
         refresh_experts(experts, out)
     if stats is not None:
