@@ -595,8 +595,9 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
     rl = [r for r in recs if r["phase"] == "rl"]
     assert all(r["loss"] == r["loss"] and "reward" in r and r["tokens"] > 0 for r in rl)  # finite loss
     assert any(r["phase"] == "sft" for r in recs) and any(r["phase"] == "eval" for r in recs)
-    # a complete sync leaves ~1e-6 (fp32); one stale layer would show ~1e-4 and more (test_rollout's TOL)
-    assert all(r["sync_gap_max"] < 5e-5 for r in rl if "sync_gap_max" in r), [r.get("sync_gap_max") for r in rl]
+    # a complete sync leaves ~1e-6 (fp32); one stale layer would show ~1e-4 and more (test_rollout's TOL);
+    # under LoRA too (train.sync_gap scores one sequence at a time there)
+    assert all(r["sync_gap_max"] < 5e-5 for r in rl), [r.get("sync_gap_max") for r in rl]
     assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000000", "step_000001",
                                                                          "step_000002", "step_000003"]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000003"
