@@ -98,7 +98,7 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
 
 def sync_gap(model, policy, batch, cfg: Config, device: str, n: int = 2) -> dict:
     """Engine vs trainer log-probs on a few sampled sequences after a sync (a silent no-op sync
-    shows here); {} when train.sync_check is off or the engine cannot score a prompt."""
+    shows here); {} when train.sync_check is off or no sequence has sampled tokens."""
     if not cfg.train.sync_check:
         return {}
     seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
@@ -108,7 +108,8 @@ def sync_gap(model, policy, batch, cfg: Config, device: str, n: int = 2) -> dict
         return rollout.sync_check(policy, seqs, lps, masks)
     # vLLM CPU's LoRA logits layer picks the adapter by one index per request, not per prompt
     # position (punica_cpu.add_lora_logits -> bgmv_shrink with sampler_indices): prompt log-probs of
-    # two requests in one engine step fail in einsum, of one request they work. One at a time, then.
+    # two requests in one engine step fail in einsum, of one request they work. One at a time, then
+    # (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit[True]).
     parts = [rollout.sync_check(policy, [s], [lp], [m]) for s, lp, m in zip(seqs, lps, masks)]
     tokens = sum(p["sync/tokens"] for p in parts)
     return {"sync/max_abs_logprob_gap": max(p["sync/max_abs_logprob_gap"] for p in parts),
