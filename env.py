@@ -260,6 +260,7 @@ class Terminal:
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
         self._cgroup = _cgroup_dirs(self._host_pid)
+        self._pids_max = _cgroup_read(self._cgroup, "pids", "pids.max")
         self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
         self._networked = False  # joined the grading network
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
@@ -289,6 +290,8 @@ class Terminal:
         procs = _container_procs(self._host_pid, self._cgroup) or {}
         shell = next((h for h, n in procs.items() if n == self._session_pid), None)
         self._out_pipe = _readlink(f"/proc/{shell}/fd/1") if shell else None
+        # host pids known not to write to the terminal: init, its sleep, the shell
+        self._quiet = {h for h, n in procs.items() if n <= self._floor or n == self._session_pid}
 
     def _send(self, text: str):
         self._sock.sendall(text.encode())
@@ -453,19 +456,22 @@ class Terminal:
 
     def _end_fork_bomb(self) -> str:
         """At the container's pid limit no command could fork: end every background process."""
-        cur, top = _cgroup_read(self._cgroup, "pids", "pids.current"), _cgroup_read(self._cgroup, "pids", "pids.max")
-        if not (cur.isdigit() and top.isdigit()) or int(cur) < int(top) - 2:
+        top = self._pids_max
+        cur = _cgroup_read(self._cgroup, "pids", "pids.current") if top.isdigit() else ""
+        if not cur.isdigit() or int(cur) < int(top) - 2:
             return ""
         self._kill_command(self._floor)  # the shell only gets USR1, which an idle shell ignores
         return f"[the container reached its limit of {top} processes: every background process was killed]\n"
 
     def _detach_background(self) -> str:
         """Move the shell to a fresh output pipe when background jobs still hold the current one."""
-        procs = self._procs()
-        if not procs or not self._out_pipe:
+        hpids = _cgroup_pids(self._cgroup)  # per command: one read of the cgroup, in the common case
+        if not hpids or not self._out_pipe or not set(hpids) - self._quiet:
             return ""
+        procs = self._procs() or {}
         holders = [h for h, n in procs.items() if n > self._floor and n != self._session_pid
                    and n not in self._relays and self._out_pipe in _fd_targets(h)]
+        self._quiet |= set(procs) - set(holders)  # checked: not writing to the terminal
         if not holders:
             return ""
         shell = next((h for h, n in procs.items() if n == self._session_pid), None)
@@ -484,6 +490,7 @@ class Terminal:
                 data += chunk
             pid = int(data.split(b"\n")[0])
             self._relays.add(pid)
+            self._quiet |= set(holders)  # they keep the old pipe: nothing to check again
             # the shell's fds that were the terminal follow it (stdout, stderr, an agent's saved copy);
             # a stdout the agent sent elsewhere (`exec >f`) stays there
             fds = os.listdir(f"/proc/{shell}/fd") if shell else []
@@ -498,6 +505,7 @@ class Terminal:
                 return ""
             host = next((h for h, n in (self._procs() or {}).items() if n == pid), None)
             self._out_pipe = _readlink(f"/proc/{host}/fd/1") if host else None
+            self._quiet.add(host)
         except Exception:  # the old pipe stays in use: background output may then reach later commands
             return ""
         return ""

@@ -195,6 +195,7 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
         r = term.run("for i in 1 2 3; do head -c 150M /dev/zero > /big$i || break; done; echo wrote", timeout=60)
         time.sleep(E.DISK_CHECK_S * 2 if hasattr(E, "DISK_CHECK_S") else 0)
         used = int(subprocess.run(["du", "-sm", upper], capture_output=True, text=True).stdout.split()[0])
+        print(f"disk cap {cap_mb} MiB: the writable layer held {used} MiB when the episode ended")
         assert used <= cap_mb + 200, used  # bounded: the cap plus what one check interval lets through
         r = term.run("echo after")
         assert getattr(term, "dead", None) and "disk" in r.output.lower(), r
