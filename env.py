@@ -259,7 +259,7 @@ class Terminal:
         self.disk_cap_mb = 0  # set by Env when the watchdog (not a storage quota) keeps the disk cap
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
-        self._cgroup = _cgroup_dirs(self._host_pid)
+        self._cgroup = _cgroup_dirs(self._host_pid, container_id)  # {} unless the daemon is local
         self._pids_max = _cgroup_read(self._cgroup, "pids", "pids.max")
         self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
         self._networked = False  # joined the grading network
@@ -272,7 +272,8 @@ class Terminal:
 
     # -- session plumbing ----------------------------------------------------------------------
     def _start_session(self):
-        _repair_dev_null(self._host_pid)
+        if self._cgroup:
+            _repair_dev_null(self._host_pid)
         ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
                                          stderr=True, tty=False, environment=SESSION_ENV)
         self._exec_id = ex["Id"]
@@ -527,7 +528,7 @@ class Terminal:
         is 124, whatever the container's `timeout` binary does (test_hostile.test_exec_and_grade_*)."""
         code, out = _exec(self.client, self.id, ["bash", "-c", cmd], timeout, env=env,
                           workdir=workdir or (self.task.workdir if self.task else "/"), cgroup=self._cgroup,
-                          host_pid=self._host_pid)
+                          host_pid=self._host_pid if self._cgroup else None)
         return code, out.decode("utf-8", "replace")
 
     def grade(self) -> Grade:
@@ -761,6 +762,8 @@ def _kill_exec(api, exec_id: str, cgroup: dict):
         root = api.exec_inspect(exec_id)["Pid"]
         for _ in range(3):  # a second pass catches what forked during the first
             hpids = _cgroup_pids(cgroup) or []
+            if root not in hpids:  # gone, or not a pid of this machine's container
+                return
             parent = {}
             for h in hpids:
                 with contextlib.suppress(OSError, IndexError, ValueError):
@@ -801,13 +804,17 @@ def _fd_targets(hpid: int) -> set:
         return set()
 
 
-def _cgroup_dirs(host_pid: int) -> dict:
-    """{controller: its cgroup directory} of a container's init process, for those we can read."""
+def _cgroup_dirs(host_pid: int, container_id: str) -> dict:
+    """{controller: its cgroup directory} of a container's init process, for those we can read;
+    {} when that pid is not the container's on this machine (a remote daemon's pid means nothing here)."""
     dirs = {}
     try:
-        lines = Path(f"/proc/{host_pid}/cgroup").read_text().splitlines()
+        text = Path(f"/proc/{host_pid}/cgroup").read_text()
     except OSError:
         return dirs
+    if container_id not in text:
+        return dirs
+    lines = text.splitlines()
     for ln in lines:
         _, ctrls, path = ln.split(":", 2)
         for c in ctrls.split(",") if ctrls else ["unified"]:

@@ -264,7 +264,7 @@ def test_sigterm_during_rollout_stops_at_once_and_leaks_nothing(docker_env, tiny
                             filters={"type": "container", "event": "create", "label": f"termrl.pid={child.pid}"})
         started_after = [e for e in events if e["timeNano"] > since * 1e9]
         assert stopped < 5, stopped  # the running episodes' commands (sleep 2) end with their containers
-        assert exited < 15, exited   # + interpreter exit with torch loaded (a few seconds on a busy box)
+        assert exited < 30, exited   # + Python tearing torch down, slow on a busy machine
         assert not started_after, started_after
         assert not api.containers(all=True, filters=pid_filter)
         print(f"SIGTERM: rollout stopped after {stopped:.1f}s, process exited after {exited:.1f}s")
