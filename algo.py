@@ -180,7 +180,7 @@ class AlgoConfig:
     clip_low: float = 0.2          # ppo: ratio lower bound 1 - clip_low
     clip_high: float = 0.28        # ppo: ratio upper bound 1 + clip_high (DAPO clip-higher)
     seq_clip_low: float = 3e-4     # gspo: sequence-ratio bounds (GSPO paper's values)
-    seq_clip_high: float = 4e-4
+    seq_clip_high: float = 4e-4    # gspo: upper bound 1 + seq_clip_high
     mismatch: str = "chunk_mask"   # train–inference mismatch: "none" | "token_tis" (weight
     #                                min(π_old/μ, H)) | "token_mask" (Eq. 6) | "chunk_mask" (IPA)
     mismatch_cap: float = 5.0      # H

@@ -23,6 +23,7 @@ overlaps generation.
 """
 import argparse
 import json
+import logging
 import math
 import os
 import queue
@@ -32,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,9 +96,9 @@ class RolloutConfig:
     max_turns: int = 30                 # assistant turns (sampled + prefilled)
     max_tokens_per_turn: int = 1024     # new tokens in one turn; hitting it ends the episode
     max_context: int = 8192             # all tokens of the trajectory
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: float = 1.0            # sampling temperature (the loss's log-probs use the same)
+    top_p: float = 1.0                  # nucleus sampling; < 1 samples from a distribution μ the trainer does not compute
+    top_k: int = -1                     # top-k sampling; -1 = off
     command_timeout_s: float = 60.0     # one bash call
     max_command_timeouts: int = 3       # consecutive timed-out commands that end the episode
     max_invalid_turns: int = 3          # consecutive turns without a valid tool call that end it
@@ -107,7 +109,7 @@ class RolloutConfig:
     max_staleness: int | None = None    # drop samples older than this many policy versions
     prefill_prob: float = 0.0           # share of groups that start from an expert prefix (one anchor each)
     refresh_expert: bool = False        # a task's expert becomes the policy's latest shortest success on it
-    system_prompt: str = SYSTEM_PROMPT
+    system_prompt: str = SYSTEM_PROMPT  # the system turn every episode starts with
     chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {"enable_thinking": False}
     # The tool schemas in the system turn (the template's <tools> block). A model trained from
     # scratch on this format gains nothing from ~200 constant tokens, and they dilute its attention.
@@ -298,12 +300,23 @@ def _generate(engine, prompts, sampling) -> list:
     return [done[f"gen-{i}"] for i in range(len(prompts))]
 
 
+def quiet_vllm():
+    """Errors only from vLLM: its INFO lines (start-up, every weight reload) and the WARNING
+    "RotaryEmbedding: Failed to load weights" (a layer with no weights to reload; train.sync_gap
+    checks the weights that are) read as trouble in a training log."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported
+    logging.getLogger("vllm").setLevel(logging.ERROR)      # and if it already was
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+
+
 class VLLMEngine:
     """In-process vllm.LLM; sleep/wake, in-place weight reload and LoRA hot-swap for training."""
 
     def __init__(self, model, dtype="auto", max_model_len=4096, enable_lora=False, max_lora_rank=16,
-                 gpu_memory_utilization=0.5, seed=0, enable_prefix_caching=True, **llm_kwargs):
+                 gpu_memory_utilization=0.5, seed=0, enable_prefix_caching=True, verbose=False, **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights are passed by reference
+        if not verbose:
+            quiet_vllm()
         # vLLM CPU pins its OpenMP threads to cores; beside a trainer and containers on a small
         # machine that serialises everything (0.38 s vs 0.02 s per decode step, measured on 2 cores).
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -941,7 +954,7 @@ def drop_stale(trajectories, current_version, max_staleness):
 
 
 def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_start=0, progress=True,
-            stats=None, experts=None) -> list:
+            experts=None) -> list:
     """G episodes per task on cfg.num_workers threads; with cfg.group_redundancy r, start G + r and
     keep the first G that finish. Trajectories come back grouped by task, in finish order.
 
@@ -982,11 +995,9 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             raise
         finally:
             bar.close()
-    out, dropped = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
+    out, _ = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
     if cfg.refresh_expert and experts is not None:
         refresh_experts(experts, out)
-    if stats is not None:
-        stats["rollout/dropped_stale"] = dropped
     return out
 
 

@@ -74,7 +74,7 @@ def make_engine(cfg: Config, model_path, device: str):
     return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
-                              enforce_eager=cfg.engine.enforce_eager,
+                              enforce_eager=cfg.engine.enforce_eager, verbose=cfg.verbose,
                               **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 
@@ -160,8 +160,6 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)
-    rcfg.seed = cfg.seed
-    rcfg.max_staleness = cfg.train.max_staleness if cfg.train.mode == "async" else None
     train_tasks, eval_tasks = load_task_sets(cfg)
     if cfg.model.build_tiny and rank == 0:
         generated = cfg.data.generated_seed if cfg.data.train_tasks == "generated" else None
@@ -385,7 +383,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
         # 2. advantages, 3. engine sleeps, 4. update in token-budget micro-batches
         t0 = time.time()
-        if cfg.train.mode == "sync":
+        if cfg.train.mode == "sync" and cfg.engine.sleep:
             policy.sleep()
         m = {}
         if train_now:

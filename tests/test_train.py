@@ -476,6 +476,13 @@ def test_short_run_then_sigkill_and_resume_keeps_data_order(tiny_model_dir, tmp_
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000003"
     assert (out / "summary.txt").exists() and (out / "trajectories.jsonl").exists()
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib is a requirement
+    # every log holds each step once after the kill (bug: 64 duplicate trajectory rows, a second eval record)
+    keys = [(r["phase"], r["step"], r.get("restart", 0)) for r in recs]
+    assert len(set(keys)) == len(keys), keys
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * 2 * 2  # steps x tasks_per_step x group_size
+    evals = (out / "eval_trajectories.jsonl").read_text().splitlines()
+    assert len(evals) == 2 * sum(r["phase"] == "eval" for r in recs)  # eval.num_tasks x eval.samples per eval
     # RL's AdamW continued SFT's moments (sft.keep_moments), across the kill too, at RL's own lr
     opt = torch.load(out / "checkpoints" / "step_000003" / "trainer.pt", weights_only=False)["optimizer"]
     assert {float(s["step"]) for s in opt["state"].values()} == {2.0 + 3.0 * cfg.train.updates_per_step}
