@@ -214,8 +214,8 @@ trap 'return 130 2>&-' USR1
 exec {__termrl_out}>&1
 { exec {__termrl_in}< <(:); } 2>&- || __termrl_in=-
 """
-KILL_GRACE_S = 1.0      # after a timeout: how long the shell gets to end the killed command before a restart
-TIMEOUT_MARGIN_S = 2.0  # run(timeout=t) returns within t + this (grace + restart); test_hostile measures it
+KILL_GRACE_S = 0.5      # after a timeout: how long the shell gets to end the killed command before a restart
+TIMEOUT_MARGIN_S = 2.5  # run(timeout=t) returns within t + this (grace + restart on a busy machine); test_hostile checks it
 MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, a number)
 FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n"]  # the marker formats, for test_hostile's forgeries
 
@@ -261,6 +261,7 @@ class Terminal:
         self._host_pid = info["State"]["Pid"]
         self._cgroup = _cgroup_dirs(self._host_pid, container_id)  # {} unless the daemon is local
         self._pids_max = _cgroup_read(self._cgroup, "pids", "pids.max")
+        self._pids_hits = self._pid_limit_hits()
         self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
         self._networked = False  # joined the grading network
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
@@ -456,13 +457,19 @@ class Terminal:
         return f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd were reset]"
 
     def _end_fork_bomb(self) -> str:
-        """At the container's pid limit no command could fork: end every background process."""
-        top = self._pids_max
-        cur = _cgroup_read(self._cgroup, "pids", "pids.current") if top.isdigit() else ""
-        if not cur.isdigit() or int(cur) < int(top) - 2:
+        """When a fork failed at the container's pid limit since the last command (a fork bomb, most
+        likely still running), end every background process: otherwise no command could fork."""
+        hits = self._pid_limit_hits()
+        if hits <= self._pids_hits:
             return ""
         self._kill_command(self._floor)  # the shell only gets USR1, which an idle shell ignores
-        return f"[the container reached its limit of {top} processes: every background process was killed]\n"
+        self._pids_hits = self._pid_limit_hits()
+        return f"[the container reached its limit of {self._pids_max} processes: every background process was killed]\n"
+
+    def _pid_limit_hits(self) -> int:
+        """How often a fork in the container failed at its pid limit (the cgroup's pids.events)."""
+        m = re.search(r"^max (\d+)", _cgroup_read(self._cgroup, "pids", "pids.events"), re.M)
+        return int(m.group(1)) if m else 0
 
     def _detach_background(self) -> str:
         """Move the shell to a fresh output pipe when background jobs still hold the current one."""
