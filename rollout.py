@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -89,6 +90,7 @@ class Completion:
     token_ids: list
     logprobs: list        # engine log-prob of each sampled token (what it sampled from)
     finish_reason: str    # "stop" (a stop token, included in token_ids) | "length" | "abort"
+    policy_version: int = -1  # the weights every token was sampled with (set by Policy)
 
 
 @dataclass
@@ -135,7 +137,8 @@ class Trajectory:
     reward: float = float("nan")
     valid: bool = True
     finish_reason: str = ""
-    policy_version: int = 0
+    policy_version: int = 0                             # the oldest of turn_versions
+    turn_versions: list = field(default_factory=list)   # per sampled turn: the weights that produced it
     num_turns: int = 0
     prefill_k: int = 0
     unparsed_chunks: list = field(default_factory=list)  # k of each turn whose tool call did not parse
@@ -345,6 +348,7 @@ class VLLMEngine:
         self.lora = None           # the LoRARequest every new request uses
         self._lora_ids = 0         # fresh id per load: vLLM caches adapters by id (verl#7495)
         self.sleeping, self._weights_awake, self.lora_enabled = False, True, enable_lora
+        self._held = []            # generation outputs that finished while score() stepped the engine
 
     def placement(self) -> tuple[str, int]:
         """(device, local rank) of the engine's worker, as vLLM placed it."""
@@ -358,36 +362,47 @@ class VLLMEngine:
         self.engine.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, sp, lora_request=self.lora)
 
     def step(self) -> list:
-        done = []
+        done, self._held = self._held, []
         for out in self.engine.step():
             if out.finished:
-                c = out.outputs[0]
-                lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
-                done.append((out.request_id, Completion(list(c.token_ids), lps, c.finish_reason or "abort")))
+                done.append(self._completion(out))
         return done
+
+    @staticmethod
+    def _completion(out):
+        c = out.outputs[0]
+        lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
+        return out.request_id, Completion(list(c.token_ids), lps, c.finish_reason or "abort")
 
     def abort(self, request_ids):
         self.engine.abort_request(list(request_ids))
 
     def has_work(self) -> bool:
-        return self.engine.has_unfinished_requests()
+        return bool(self._held) or self.engine.has_unfinished_requests()
 
     def generate(self, prompts, sampling) -> list:
         return _generate(self, prompts, sampling)
 
     def score(self, sequences) -> list:
-        """log π(t_i | t_<i) of given token sequences under the engine's current weights (position 0 = 0)."""
+        """log π(t_i | t_<i) of given token sequences under the engine's current weights (position 0 = 0).
+        Generation requests of a running Policy keep going meanwhile; those that finish are held for
+        its next step() (test_gpu_path.py::test_score_while_episodes_generate_loses_nothing)."""
         from vllm import SamplingParams
         sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        for i, s in enumerate(sequences):
-            self.engine.add_request(f"score-{i}", {"prompt_token_ids": list(s)}, sp, lora_request=self.lora)
+        ids = [f"score-{uuid.uuid4().hex}" for _ in sequences]
+        for rid, s in zip(ids, sequences):
+            self.engine.add_request(rid, {"prompt_token_ids": list(s)}, sp, lora_request=self.lora)
         res = {}
-        while self.engine.has_unfinished_requests():
+        while len(res) < len(ids):
             for out in self.engine.step():
-                if out.finished:
+                if not out.finished:
+                    continue
+                if out.request_id in ids:
                     res[out.request_id] = [0.0] + [d[t].logprob for t, d in zip(
                         out.prompt_token_ids[1:], out.prompt_logprobs[1:])]
-        return [res[f"score-{i}"] for i in range(len(sequences))]
+                else:
+                    self._held.append(self._completion(out))
+        return [res[rid] for rid in ids]
 
     # -- training hooks, in the wake order TRL/SkyRL/verl use: sleep -> wake weights -> load ->
     #    reset prefix cache -> wake KV cache.
@@ -442,7 +457,11 @@ class VLLMEngine:
         self.wake()
 
     def reset_prefix_cache(self):
-        self.llm.reset_prefix_cache()
+        """Drop cached prefixes (their KV came from the old weights). vLLM refuses while requests
+        run and says so only by returning False: Policy aborts them first (Policy._swap_weights)."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache (requests were running): cached "
+                               "prefixes would keep the old weights' KV; abort running requests first")
 
 
 class HFEngine:
@@ -612,15 +631,20 @@ class EpisodeCtx:
 
 class Policy:
     """The model the episodes talk to: an engine, its tokenizer, a version, and a loop thread
-    that adds every pending request to the engine and steps it, so many episodes share batches."""
+    that adds every pending request to the engine and steps it, so many episodes share batches.
+
+    A weight update (update_weights, load_lora) aborts the requests in flight and adds them again
+    after it, so every completion is sampled by one version of the weights, which it carries
+    (Completion.policy_version; test_gpu_path.py::test_weight_update_mid_generation_restarts_the_turn)."""
 
     def __init__(self, engine, tokenizer, version=0, template_kwargs=None, tools=TOOLS):
         self.engine, self.tokenizer, self.version = engine, tokenizer, version
         self.chat = ChatFormat(tokenizer, tools=tools, template_kwargs=template_kwargs)
         self.gen_busy_s = 0.0                # time the engine spent stepping (for overlap figures)
         self._queue = queue.Queue()
-        self._futures = {}
+        self._futures = {}                   # request id -> (future, prompt, sampling, ctx, version at add)
         self._lock = threading.Lock()        # the engine: loop steps vs. sync/sleep/score calls
+        self._version_changed = threading.Condition()
         self._next_id = 0
         self._closed = False
         self._dead = None                    # the error that ended the loop, if one did
@@ -660,7 +684,7 @@ class Policy:
         """Fail these requests' futures and abort them in the engine, which would otherwise finish
         them later for nobody."""
         for rid in rids:
-            self._futures.pop(rid).set_exception(error)
+            self._futures.pop(rid)[0].set_exception(error)
         try:
             self.engine.abort(rids)
         except Exception as e:  # noqa: BLE001 -- a broken engine may not abort; the futures are failed already
@@ -682,13 +706,7 @@ class Policy:
                 continue
             with self._lock:
                 for prompt, sampling, ctx, fut in items:
-                    rid = f"r{self._next_id}"
-                    self._next_id += 1
-                    try:
-                        self.engine.add(rid, prompt, sampling, ctx)
-                        self._futures[rid] = fut
-                    except Exception as e:  # e.g. a prompt longer than the engine's max_model_len
-                        fut.set_exception(e)
+                    self._add(fut, prompt, sampling, ctx)
                 try:
                     t0 = time.perf_counter()
                     done = self.engine.step() if self.engine.has_work() else []
@@ -700,10 +718,49 @@ class Policy:
                           file=sys.stderr, flush=True)
                     self._fail(list(self._futures), err)
                     continue
-            for rid, completion in done:
-                fut = self._futures.pop(rid, None)
-                if fut is not None:  # None: a request failed and aborted after the engine had finished it
-                    fut.set_result(completion)
+                # resolved under the lock: a weight update cannot re-add a request that just finished
+                finished = []
+                for rid, completion in done:
+                    if rid in self._futures:  # else failed, or aborted by a weight update and added again
+                        fut, *_, version = self._futures.pop(rid)
+                        completion.policy_version = version
+                        finished.append((fut, completion))
+            for fut, completion in finished:
+                fut.set_result(completion)
+
+    def _add(self, fut, prompt, sampling, ctx):
+        rid = f"r{self._next_id}"
+        self._next_id += 1
+        try:
+            self.engine.add(rid, prompt, sampling, ctx)
+            self._futures[rid] = (fut, prompt, sampling, ctx, self.version)
+        except Exception as e:  # e.g. a prompt longer than the engine's max_model_len
+            fut.set_exception(e)
+
+    def _swap_weights(self, load, version) -> int:
+        """Abort what is in flight, load the new weights (the engine resets its prefix cache),
+        add the aborted requests again: their tokens so far came from the old weights. Returns
+        how many requests were restarted."""
+        with self._lock:
+            inflight = list(self._futures.values())
+            self.engine.abort(list(self._futures))
+            self._futures.clear()
+            load()
+            self.version = version
+            for fut, prompt, sampling, ctx, _ in inflight:
+                self._add(fut, prompt, sampling, ctx)
+        with self._version_changed:
+            self._version_changed.notify_all()
+        return len(inflight)
+
+    def wait_for_version(self, version: int, stop=None, poll_s: float = 0.5) -> bool:
+        """Block until self.version >= version (True) or `stop` is set (False)."""
+        with self._version_changed:
+            while self.version < version:
+                if stop is not None and stop.is_set():
+                    return False
+                self._version_changed.wait(poll_s)
+        return True
 
     def score(self, sequences) -> list:
         with self._lock:
@@ -717,21 +774,20 @@ class Policy:
         with self._lock:
             self.engine.wake()
 
-    def update_weights(self, named_params, version=None):
-        with self._lock:
-            self.engine.update_weights(named_params)
-            self.version = self.version + 1 if version is None else version
+    def update_weights(self, named_params, version=None) -> int:
+        """Full weights in; returns the number of turns in flight that restart on them."""
+        return self._swap_weights(lambda: self.engine.update_weights(named_params),
+                                  self.version + 1 if version is None else version)
 
-    def load_lora(self, adapter_dir, version=None):
+    def load_lora(self, adapter_dir, version=None) -> int:
+        """Adapter in (None = base model); returns the number of turns in flight that restart on it."""
         version = self.version + 1 if version is None else version
-        with self._lock:
-            self.engine.load_lora(adapter_dir, version)
-            self.version = version
+        return self._swap_weights(lambda: self.engine.load_lora(adapter_dir, version), version)
 
     def close(self):
         self._closed = True
         self._thread.join(timeout=30)
-        for fut in self._futures.values():  # nobody may wait forever on a closed policy
+        for fut, *_ in self._futures.values():  # nobody may wait forever on a closed policy
             fut.set_exception(RuntimeError("Policy closed while a request was pending"))
         self._futures.clear()
 
@@ -829,8 +885,8 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                 sampling.max_tokens = budget
                 if seed is not None:
                     sampling.seed = seed * 1000 + turn
-                versions.append(policy.version)
                 comp = policy.generate(traj.token_ids, sampling, EpisodeCtx(task, turn))
+                versions.append(comp.policy_version)
                 tm["gen_s"] += time.monotonic() - t0
                 traj.append(comp.token_ids, loss=1, chunk=turn, logprobs=comp.logprobs)
             stopped = bool(comp.token_ids) and comp.token_ids[-1] == chat.stop_id and comp.finish_reason == "stop"
@@ -905,6 +961,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
             tm["close_s"] = time.monotonic() - t0
     if cfg.check_tokens and traj.valid:  # an episode stopped before a turn ends on the generation prompt
         _check_tokens(chat, traj, gen_prompt=traj.messages[-1]["role"] != "assistant")
+    traj.turn_versions = versions
     traj.policy_version = min(versions, default=policy.version)
     traj.metrics["model_tokens"] = sum(traj.loss_mask)
     traj.metrics["tokens"] = len(traj.token_ids)
@@ -946,10 +1003,12 @@ def refresh_experts(experts: dict, trajectories) -> None:
 
 
 def drop_stale(trajectories, current_version, max_staleness):
-    """(kept, number dropped): samples whose policy_version is more than max_staleness behind."""
+    """(kept, number dropped): whole groups (group_id) with a trajectory whose policy_version is more
+    than max_staleness behind; one member less would bias its group's baseline."""
     if max_staleness is None:
         return list(trajectories), 0
-    kept = [t for t in trajectories if current_version - t.policy_version <= max_staleness]
+    stale = {t.group_id for t in trajectories if current_version - t.policy_version > max_staleness}
+    kept = [t for t in trajectories if t.group_id not in stale]
     return kept, len(trajectories) - len(kept)
 
 
