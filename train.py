@@ -11,7 +11,8 @@ awake) -> advantages -> engine sleeps -> update in token-budget micro-batches ->
 the engine -> sync check -> eval now and then -> log -> checkpoint. The optimizer step is
 learner.py's, SFT sft.py's, the math algo.py's, episodes rollout.py's, config keys config.py's,
 the run directory rundir.py's. `train.mode: async` rolls out in a background thread while the
-trainer steps, dropping trajectories more than `train.max_staleness` policy versions old.
+trainer steps: step s's rollouts start once the weights are at most `train.max_staleness` versions
+behind s, and a weight update restarts the turns in flight, so each turn has one version.
 
 `torchrun --nproc-per-node N train.py ...` gives every rank its own colocated engine and 1/N of
 each step's tasks, with DDP (`train.parallel: ddp`) or FSDP2 (`fsdp`). Beyond one box use a
@@ -74,7 +75,7 @@ def make_engine(cfg: Config, model_path, device: str):
     return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
-                              enforce_eager=cfg.engine.enforce_eager,
+                              enforce_eager=cfg.engine.enforce_eager, verbose=cfg.verbose,
                               **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 
@@ -160,8 +161,6 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)
-    rcfg.seed = cfg.seed
-    rcfg.max_staleness = cfg.train.max_staleness if cfg.train.mode == "async" else None
     train_tasks, eval_tasks = load_task_sets(cfg)
     if cfg.model.build_tiny and rank == 0:
         generated = cfg.data.generated_seed if cfg.data.train_tasks == "generated" else None
@@ -267,23 +266,20 @@ def rollout_step(r: Run, policy, step: int):
 
 
 def start_producer(r: Run, policy, start: int, stop: threading.Event) -> queue.Queue:
-    """train.mode async: a thread rolls out step s+1.. while the trainer updates on step s."""
-    produced = queue.Queue(maxsize=max(1, r.cfg.train.max_staleness))
+    """train.mode async: a thread rolls out step s+1.. while the trainer updates on step s. Step s
+    trains on version s, so its rollouts start once the weights are at least s - max_staleness;
+    later turns are newer still (tests/test_gpu_path.py::test_async_steps_respect_the_staleness_bound)."""
+    produced = queue.Queue()
 
     def producer():
         for s in range(start, r.cfg.train.steps):
-            if stop.is_set():
+            if not policy.wait_for_version(s - r.cfg.train.max_staleness, stop):
                 return
             try:
                 item = rollout_step(r, policy, s)
             except BaseException as e:  # noqa: BLE001 -- e.g. the engine failed: next_rollout raises it
                 item = e
-            while not stop.is_set():
-                try:
-                    produced.put(item, timeout=0.5)
-                    break
-                except queue.Full:
-                    pass
+            produced.put(item)
             if isinstance(item, BaseException):
                 return
     threading.Thread(target=producer, name="rollout-producer", daemon=True).start()
@@ -385,18 +381,20 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
         # 2. advantages, 3. engine sleeps, 4. update in token-budget micro-batches
         t0 = time.time()
-        if cfg.train.mode == "sync":
+        if cfg.train.mode == "sync" and cfg.engine.sleep:
             policy.sleep()
         m = {}
         if train_now:
             batch = rollout.make_batch(trajs, r.tok.pad_token_id)
             adv = algo.compute_advantages(batch, r.acfg)
             if cfg.train.updates_per_step > 1:  # PPO epochs: later updates measure ratios against π_old
-                learner.fill_old_logprobs(model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature)
+                learner.fill_old_logprobs(model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature,
+                                          r.rcfg.top_k, r.rcfg.top_p)
             if r.acfg.kl_coef:
                 learner.fill_ref_logprobs(model, r.ref_model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
-                m = learner.rl_step(model, opt, sched, batch, adv, r.acfg, cfg.train, r.rcfg.temperature)
+                m = learner.rl_step(model, opt, sched, batch, adv, r.acfg, cfg.train, r.rcfg.temperature,
+                                    r.rcfg.top_k, r.rcfg.top_p)
                 rundir.stop_if_non_finite(step + 1, m)
         t_train = time.time() - t0
 
