@@ -755,11 +755,12 @@ def _exec(client, cid: str, argv: list, timeout: float, env=None, workdir=None, 
     finally:
         with contextlib.suppress(OSError):
             sock.close()
-    for _ in range(100):  # the stream ends a moment before docker records the exit code
-        info = api.exec_inspect(ex["Id"])
-        if not info["Running"]:
-            break
-        time.sleep(0.02)
+    end = time.monotonic() + 10  # the stream ends a moment before docker records the exit code
+    while (info := api.exec_inspect(ex["Id"]))["Running"] or info["ExitCode"] is None:
+        if time.monotonic() > end:  # a process that closed its output and kept running
+            _kill_exec(api, ex["Id"], cgroup or {})
+            return 124, out.text().encode()
+        time.sleep(0.01)
     return info["ExitCode"], out.text().encode()
 
 
