@@ -64,7 +64,7 @@ def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
 
 
 # -----------------------------------------------------------------------------------------------
-# engine, weight sync, sync check, eval
+# engine, weight sync, sync check, Docker
 
 
 def make_engine(cfg: Config, model_path, device: str):
@@ -103,10 +103,6 @@ def sync_gap(model, policy, batch, cfg: Config, device: str, n: int = 2) -> dict
         return {}
     seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
     return rollout.sync_check(policy, seqs, lps, masks) if seqs else {}
-
-
-# -----------------------------------------------------------------------------------------------
-# Docker
 
 
 def make_env(cfg: Config):
