@@ -64,7 +64,7 @@ def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
 
 
 # -----------------------------------------------------------------------------------------------
-# engine, weight sync, sync check, eval
+# engine, weight sync, sync check, Docker
 
 
 def make_engine(cfg: Config, model_path, device: str):
@@ -103,10 +103,6 @@ def sync_gap(model, policy, batch, cfg: Config, device: str, n: int = 2) -> dict
         return {}
     seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
     return rollout.sync_check(policy, seqs, lps, masks) if seqs else {}
-
-
-# -----------------------------------------------------------------------------------------------
-# Docker
 
 
 def make_env(cfg: Config):
@@ -374,6 +370,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
     bar = tqdm(range(start, cfg.train.steps), desc="rl", initial=start, total=cfg.train.steps, disable=rank != 0)
     for step in bar:
+        t_step = time.time()
         # 1. rollout (engine awake)
         tasks, trajs, n_stale, t_roll, t_gen = next_rollout(r, policy, step, produced)
         rollout.write_jsonl(trajs, traj_file)
@@ -415,6 +412,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
                "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
                "time/rollout": t_roll, "time/generation": t_gen, "time/env": max(0.0, t_roll - t_gen),
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
+               "time/step": time.time() - t_step,  # wall clock; async mode hides rollout time behind training
                **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()},
                **rank_times(world, trajs, t_roll, t_train)}
         if rank == 0:
