@@ -180,7 +180,7 @@ class AlgoConfig:
     clip_low: float = 0.2          # ppo: ratio lower bound 1 - clip_low
     clip_high: float = 0.28        # ppo: ratio upper bound 1 + clip_high (DAPO clip-higher)
     seq_clip_low: float = 3e-4     # gspo: sequence-ratio bounds (GSPO paper's values)
-    seq_clip_high: float = 4e-4
+    seq_clip_high: float = 4e-4    # gspo: upper bound 1 + seq_clip_high
     mismatch: str = "chunk_mask"   # train–inference mismatch: "none" | "token_tis" (weight
     #                                min(π_old/μ, H)) | "token_mask" (Eq. 6) | "chunk_mask" (IPA)
     mismatch_cap: float = 5.0      # H
@@ -239,34 +239,92 @@ class AlgoConfig:
 # Log-probs from logits
 # --------------------------------------------------------------------------------------------
 
+def sampling_support(x, top_k=-1, top_p=1.0):
+    """Bool mask of the tokens the engine can sample from temperature-scaled logits x [..., V]:
+    vLLM 0.32's sampler keeps x >= the k-th largest (top-k), then drops the least likely tokens
+    whose cumulative probability is <= 1 - top_p, always keeping the most likely
+    (vllm/v1/sample/ops/topk_topp_sampler.py, apply_top_k_top_p_pytorch)."""
+    V = x.shape[-1]
+    keep = torch.ones_like(x, dtype=torch.bool)
+    if 0 < top_k < V:
+        keep = x >= x.topk(top_k, dim=-1).values[..., -1:]
+    if top_p < 1.0:
+        xs, idx = x.masked_fill(~keep, float("-inf")).sort(dim=-1)  # ascending, as vLLM
+        drop = xs.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[..., -1] = False
+        keep &= ~torch.zeros_like(keep).scatter(-1, idx, drop)
+    return keep
+
+
+def _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_grad):
+    """(lp, entropy) of one time block of logits x [B,t,V] for next tokens nxt [B,t]: fp32 math on
+    the block, at temperature τ, over the engine's sampling support (sampling_support)."""
+    x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # fp64 stays fp64 (gradcheck)
+    if temperature != 1.0:
+        x = x / temperature
+    keep = None
+    if top_k > 0 or top_p < 1.0:
+        with torch.no_grad():  # the support is the sampler's decision, not a function to differentiate
+            keep = sampling_support(x, top_k, top_p)
+            keep.scatter_(-1, nxt[..., None], True)  # a sampled token is in it (rounding can disagree at the edge)
+        x = x.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(x, dim=-1)
+    lp = x.gather(-1, nxt[..., None]).squeeze(-1) - lse
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            xe, lse_e = (x, lse) if entropy_grad else (x.detach(), lse.detach())
+            xf = xe if keep is None else xe.masked_fill(~keep, 0.0)  # p = 0 there; 0 * -inf would be nan
+            ent = lse_e - (torch.softmax(xe, dim=-1) * xf).sum(-1)
+    return lp, ent
+
+
 def token_logprobs(logits, input_ids, temperature=1.0, with_entropy=False, entropy_grad=False,
-                   block_size=None):
+                   block_size=None, top_k=-1, top_p=1.0):
     """lp[b,t] = log softmax(logits[b,t-1]/τ)[input_ids[b,t]] (position 0 → 0), and optionally
     the entropy of that same distribution; computed block by block over time with logsumexp so
     no full [B,T,V] log_softmax copy is made (block_size None: ~2^24 logits per block). The
-    engine samples at temperature τ, so pass the same τ for π_θ to be comparable with μ. Entropy
-    is detached unless entropy_grad (it is only a metric when entropy_coef is 0)."""
+    engine samples at temperature τ from the top_k / top_p support and reports log-probs of
+    that distribution (VLLMEngine's processed_logprobs), so pass the same τ, top_k and top_p for
+    π_θ to be comparable with μ (tests/test_gpu_path.py::test_trainer_logprobs_match_the_engine_under_top_k_top_p).
+    Entropy is detached unless entropy_grad (it is only a metric when entropy_coef is 0)."""
     if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
         raise ValueError(f"logits must be [B,T,V] matching input_ids [B,T]; got {tuple(logits.shape)} "
                          f"and {tuple(input_ids.shape)}")
     B, T, V = logits.shape
     block_size = block_size or max(1, 2 ** 24 // max(B * V, 1))
-    half = logits.dtype in (torch.float16, torch.bfloat16)
-    zero = logits.new_zeros(B, 1, dtype=torch.float32 if half else logits.dtype)
+    zero = logits.new_zeros(B, 1, dtype=torch.float32 if logits.dtype in (torch.float16, torch.bfloat16)
+                            else logits.dtype)
     lps, ents = [zero], [zero]
     # split (not slicing in a loop): its backward writes all block gradients with one concat
     for x, nxt in zip(logits[:, :-1].split(block_size, dim=1), input_ids[:, 1:].split(block_size, dim=1)):
-        x = x.float() if half else x  # fp32 math on a block-sized copy
-        if temperature != 1.0:
-            x = x / temperature
-        lse = torch.logsumexp(x, dim=-1)
-        lps.append(x.gather(-1, nxt[..., None]).squeeze(-1) - lse)
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                xe, lse_e = (x, lse) if entropy_grad else (x.detach(), lse.detach())
-                ents.append(lse_e - (torch.softmax(xe, dim=-1) * xe).sum(-1))
-    lp = torch.cat(lps, dim=1)
-    return lp, (torch.cat(ents, dim=1) if with_entropy else None)
+        lp, ent = _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_grad)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
+
+
+def linear_token_logprobs(hidden, weight, input_ids, temperature=1.0, with_entropy=False, entropy_grad=False,
+                          block_size=None, top_k=-1, top_p=1.0):
+    """token_logprobs of logits = hidden @ weight.T (the output head), without ever holding them:
+    each time block's logits are made, reduced to [B,t] and dropped, and made again in backward
+    (activation checkpointing), so memory is ~B × block × V instead of B × T × V (bench/bench_logprobs.py)."""
+    from torch.utils.checkpoint import checkpoint
+    B, T, _ = hidden.shape
+    V = weight.shape[0]
+    block_size = block_size or max(1, 2 ** 24 // max(B * V, 1))
+
+    def block(h, nxt):
+        return _block_logprobs(torch.nn.functional.linear(h, weight), nxt, temperature, top_k, top_p,
+                               with_entropy, entropy_grad)
+
+    zero = hidden.new_zeros(B, 1, dtype=torch.float32)
+    lps, ents = [zero], [zero]
+    for h, nxt in zip(hidden[:, :-1].split(block_size, dim=1), input_ids[:, 1:].split(block_size, dim=1)):
+        lp, ent = checkpoint(block, h, nxt, use_reentrant=False) if torch.is_grad_enabled() else block(h, nxt)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
 
 
 # --------------------------------------------------------------------------------------------

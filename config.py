@@ -1,5 +1,7 @@
 """termrl's run configuration: nested dataclasses with every knob and its default, read from YAML
 and `--set a.b=v` overrides. An unknown or mistyped key is an error that names the closest valid one.
+A file may start from another (`base: tiny.yaml`, relative to the file) and state only what differs;
+mappings merge key by key, anything else replaces.
 
     cfg = load_config("configs/tiny.yaml", ["train.steps=4"])
     rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)   # checked against rollout.RolloutConfig / algo.AlgoConfig
@@ -26,12 +28,12 @@ class ModelConfig:
     build_tiny: bool = False               # build tiny.py's model into `path` first (no downloads)
     tiny: dict = field(default_factory=dict)  # extra kwargs for tiny.build_tiny_model (hidden_size, ...)
     lora: bool = False                     # train a LoRA adapter (peft) instead of all weights
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: [
+    lora_rank: int = 16                    # adapter rank: capacity vs memory (and vLLM's max_lora_rank)
+    lora_alpha: int = 32                   # adapter scale alpha/rank: the adapter's effective step size
+    lora_dropout: float = 0.0              # dropout on the adapter's input (regularises small data)
+    lora_target_modules: list[str] = field(default_factory=lambda: [  # the layers that get adapters
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False   # recompute activations in backward: less memory, one more forward
     dtype: str = "auto"                    # auto = bf16 on GPU, fp32 on CPU; or float32 / bfloat16
 
 
@@ -40,9 +42,10 @@ class EngineConfig:
     kind: str = "vllm"                     # vllm | hf (transformers generate; slow, no vLLM needed)
     gpu_memory_utilization: float = 0.5    # colocated with the trainer: leave room for it
     cpu_kvcache_gb: int = 1                # VLLM_CPU_KVCACHE_SPACE on CPU
-    max_model_len: int = 4096
+    max_model_len: int = 4096              # longest sequence the engine serves (>= rollout.max_context)
     enforce_eager: bool = True             # CUDA graphs cost start-up time and memory for little gain here
-    sleep: bool = True                     # free engine memory while the trainer steps (GPU only)
+    sleep: bool = True                     # train.mode sync: free the engine's GPU memory while the trainer steps;
+    #                                        false when both fit, to skip the reload each step (no effect on CPU)
     extra: dict = field(default_factory=dict)  # passed to the engine constructor as is
 
 
@@ -50,9 +53,9 @@ class EngineConfig:
 class DataConfig:
     train_tasks: str = "generated"         # "generated" (tasks.generate_easy_tasks) or a task dir / list file
     eval_tasks: str = "generated"          # same, drawn with eval_split / eval_seed
-    num_generated_train: int = 64
-    num_generated_eval: int = 32
-    generated_seed: int = 0
+    num_generated_train: int = 64          # train tasks drawn from the generated family
+    num_generated_eval: int = 32           # eval tasks drawn (those repeating a train instruction are dropped)
+    generated_seed: int = 0                # which generated train tasks (another seed, another draw)
     eval_split: str = "heldout"            # generated eval tasks: "heldout" = unseen names and words;
     #                                        "train" = the train vocabulary in new combinations (eval_seed)
     eval_seed: int = 0
@@ -68,6 +71,8 @@ class EnvConfig:
     agent_network: str = "none"            # the agent's container, for tasks that allow_internet; none = always offline
     grading_network: str = "default"       # joined once the agent's processes are gone, by tasks whose tests fetch their runner
     multi_reward: str = "mean"             # Harbor reward.json with several keys and no "reward": mean | min | error
+    warm: int = 0                          # containers kept started ahead per container config: a reset then skips
+    #                                        the container start (bench/bench_env.py: cold vs warm reset)
 
 
 @dataclass
@@ -75,8 +80,8 @@ class SFTConfig:
     steps: int = 0                         # optimizer steps of SFT warm start on oracle trajectories; 0 = none
     num_tasks: int = 64                    # oracle trajectories collected from the train tasks
     batch_size: int = 16                   # trajectories per optimizer step
-    lr: float = 1e-3
-    warmup_steps: int = 5
+    lr: float = 1e-3                       # SFT's AdamW peak lr (cosine decay to 10% over sft.steps)
+    warmup_steps: int = 5                  # linear warmup steps before that peak
     val_tasks: int = 0                     # oracle trajectories of train tasks SFT never sees (the last ones)
     val_every: int = 10                    # ... scored every this many steps: val_nll and val_oracle_prob
     stop_at_val_prob: float = 0.0          # end SFT early once val_oracle_prob (the chance the policy samples a
@@ -90,12 +95,12 @@ class TrainConfig:
     steps: int = 20                        # RL steps (one rollout batch + one update each)
     tasks_per_step: int = 4                # distinct tasks per step ...
     group_size: int = 4                    # ... each rolled out this many times (the GRPO group)
-    lr: float = 1e-5
+    lr: float = 1e-5                       # RL's AdamW lr
     lr_schedule: str = "constant"          # constant | cosine (after linear warmup)
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
+    warmup_steps: int = 0                  # linear warmup steps before train.lr
+    weight_decay: float = 0.0              # AdamW's decoupled weight decay (SFT and RL)
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2), SFT and RL
+    grad_clip: float = 1.0                 # max global gradient norm; 0 = no clipping
     micro_batch_tokens: int = 8192         # padded tokens per forward/backward (micro-batches by budget)
     updates_per_step: int = 1              # optimizer steps per rollout batch (>1: a π_old pass first, then
                                            # each step measures its ratios against it, as PPO epochs)
@@ -112,7 +117,7 @@ class EvalConfig:
     num_tasks: int = 32                    # held-out tasks per eval (<= data.num_generated_eval)
     temperature: float = 0.0               # 0 = greedy: a stable success figure
     samples: int = 1                       # episodes per task (with temperature > 0: pass@1 over k samples)
-    at_start: bool = True
+    at_start: bool = True                  # eval before the first RL step: the baseline every gain is measured from
 
 
 @dataclass
@@ -123,9 +128,9 @@ class CheckpointConfig:
 
 @dataclass
 class Config:
-    run_name: str = "run"
+    run_name: str = "run"                  # names runs/<run_name> (and the curves)
     out_dir: str = ""                      # default runs/<run_name>
-    seed: int = 0
+    seed: int = 0                          # torch, Python, data order, tiny model init, episodes and the engine
     device: str = "auto"                   # auto | cpu | cuda
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -138,6 +143,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tensorboard: bool = True                # when tensorboard is installed
+    verbose: bool = False                   # third-party INFO/WARNING logs (vLLM's start-up, every weight reload):
+    #                                         on to debug an engine; errors show either way
     plot: bool = True                       # PNG of curves at the end, when matplotlib is installed
 
 
@@ -249,16 +256,30 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+def read_config_file(path: Path, chain: tuple = ()) -> dict:
+    """One YAML config file as a dict, merged over the file its `base:` key names (and so on)."""
+    if not path.exists():
+        raise ConfigError(f"config file {path} not found" + (f" (the base: of {chain[-1]})" if chain else
+                                                             " (see configs/ for examples)"))
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: base: expects a config file name relative to {path.parent}, got {base!r}")
+    chain = chain + (path.resolve(),)
+    base_path = (path.parent / base).resolve()
+    if base_path in chain:
+        raise ConfigError(f"{path}: base: {base} makes a cycle: "
+                          + " -> ".join(p.name for p in chain + (base_path,)) + "; remove one of these base: keys")
+    return deep_merge(read_config_file(base_path, chain), raw)
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """YAML file + `--set` overrides -> Config; the rollout/algo sections are checked against their dataclasses."""
-    raw = {}
-    if path:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"config file {path} not found (see configs/ for examples)")
-        raw = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
+    raw = read_config_file(Path(path)) if path else {}
     raw = deep_merge(raw, parse_overrides(list(overrides)))
     cfg = dataclass_from_dict(Config, raw)
     rollout_cfg(cfg), algo_cfg(cfg)  # validate the nested sections now, not at step 1
@@ -290,13 +311,23 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     return cfg
 
 
+# rollout.RolloutConfig keys a run sets from its own keys, so that one value drives both
+RUN_SETS = {"seed": "seed", "group_size": "train.group_size", "max_staleness": "train.max_staleness"}
+
+
 def rollout_cfg(cfg: Config):
-    import rollout
-    return dataclass_from_dict(rollout.RolloutConfig, cfg.rollout, "rollout.")
+    """rollout.RolloutConfig from the `rollout:` section, with the keys of RUN_SETS taken from the run."""
+    import rollout  # costly (torch): a config that is only read needs no rollout
+    if clash := [k for k in RUN_SETS if k in cfg.rollout]:
+        raise ConfigError(f"config key 'rollout.{clash[0]}' is set from '{RUN_SETS[clash[0]]}' in a run; "
+                          f"set that instead")
+    rcfg = dataclass_from_dict(rollout.RolloutConfig, cfg.rollout, "rollout.")
+    return dataclasses.replace(rcfg, seed=cfg.seed, group_size=cfg.train.group_size,
+                               max_staleness=cfg.train.max_staleness if cfg.train.mode == "async" else None)
 
 
 def algo_cfg(cfg: Config):
-    import algo
+    import algo  # costly (torch), as rollout above
     return dataclass_from_dict(algo.AlgoConfig, cfg.algo, "algo.")
 
 

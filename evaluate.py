@@ -9,10 +9,8 @@ by the starting model's pass rate, and credits much of its stability to watching
 per-tool success, loops, command frequencies and reward hacking (reading tests, destructive
 commands, network egress). `run` + `curate` are the first half, `behaviour` the second.
 The estimators and the behaviour analysis are pure functions over trajectories (Trajectory
-objects or the dicts read back from JSONL), so train.py can import them for its periodic log:
-`behaviour_metrics(trajs)` -> flat {"behaviour/...": float}, `format_behaviour(behaviour_report(
-trajs))` -> text. This module imports train.py only inside `run` (config, engine, tasks), so
-train.py may import it at the top.
+objects or the dicts read back from JSONL): `format_behaviour(behaviour_report(trajs))` -> text.
+This module imports train.py only inside `build_policy` / `cmd_run` (engine, tasks).
 
 95% intervals for pass@1: per task the Wilson score interval. k is small (8) and pass rates sit
 at 0 or 1 often; there the Wald interval and a bootstrap of the k samples both collapse to zero
@@ -495,26 +493,6 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
         "finish_reasons": dict(finishes),
         "mean_reward": float(np.mean(rewards)) if rewards else None,
     }
-
-
-def behaviour_metrics(trajectories, loop_repeats: int = 3) -> dict[str, float]:
-    """Flat numbers for a training log: rates per command and shares of episodes."""
-    r = behaviour_report(trajectories, loop_repeats)
-    n = max(r["episodes"], 1)
-    out = {
-        "behaviour/commands_per_episode": r["commands_per_episode"],
-        "behaviour/command_fail_rate": r["command_fail_rate"],
-        "behaviour/command_timeout_rate": r["command_timeout_rate"],
-        "behaviour/repeat_rate": r["repeat_rate"],
-        "behaviour/duplicate_rate": r["duplicate_rate"],
-        "behaviour/looping_episodes": r["looping_episodes"] / n,
-        "behaviour/invalid_tool_calls_per_episode": r["invalid_tool_calls"] / n,
-        "behaviour/shell_deaths_per_episode": r["shell_deaths"] / n,
-        "behaviour/distinct_programs": float(len(r["programs"])),
-    }
-    for cat in ("tests", "solution", "network", "outside", "destructive"):
-        out[f"behaviour/{cat}_episodes"] = r["flags"].get(cat, {}).get("episodes", 0) / n
-    return out
 
 
 def format_behaviour(r: dict, top: int = 12) -> str:

@@ -200,10 +200,32 @@ def make_optimizer(model, lr: float, weight_decay: float, betas, warmup: int, to
 
 
 # -----------------------------------------------------------------------------------------------
-# log-probs without grad
+# log-probs
 
 
-def policy_logprobs(model, batch, budget: int, temperature: float = 1.0):
+def model_logprobs(model, input_ids, attention_mask=None, **kw):
+    """(lp, entropy) [B,T] of input_ids under `model`: the last hidden states go through the output
+    head in time blocks (algo.linear_token_logprobs, kw = its temperature/top_k/top_p/entropy
+    arguments), so the [B,T,V] logits are never held. The head is swapped for the duration of the
+    call, inside the model's forward, so DDP, FSDP2 and autocast see an ordinary forward."""
+    head = distributed.unwrap(model).get_output_embeddings()
+    out = {}
+    if type(head) is not torch.nn.Linear or head.bias is not None:  # e.g. a LoRA-wrapped head: its own logits
+        return algo.token_logprobs(model(input_ids=input_ids, attention_mask=attention_mask,
+                                         use_cache=False).logits, input_ids, **kw)
+
+    def forward(hidden):
+        lp, out["entropy"] = algo.linear_token_logprobs(hidden, head.weight, input_ids, **kw)
+        return lp
+    head.forward = forward
+    try:
+        lp = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    finally:
+        del head.forward  # the class's own forward again
+    return lp, out["entropy"]
+
+
+def policy_logprobs(model, batch, budget: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0):
     """log π_θ(token) [B,T] under the current weights, no grad, in token-budget micro-batches."""
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
@@ -213,8 +235,8 @@ def policy_logprobs(model, batch, budget: int, temperature: float = 1.0):
     with torch.no_grad():
         for i, rows in enumerate(groups):
             mb = select_rows(batch, rows)[0].to(dev)
-            lp, _ = algo.token_logprobs(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                              use_cache=False).logits, mb.input_ids, temperature=temperature)
+            lp, _ = model_logprobs(model, mb.input_ids, mb.attention_mask, temperature=temperature,
+                                   top_k=top_k, top_p=top_p)
             if i < n_real:
                 out[rows] = _pad_to(lp.float().cpu(), T)
     if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a forward without
@@ -237,7 +259,7 @@ def sequence_logprobs(model, batch, n: int) -> tuple[list, list, list]:
         for i in rows:
             L = int(batch.attention_mask[i].sum())
             ids = batch.input_ids[i:i + 1, :L].to(dev)
-            lp, _ = algo.token_logprobs(distributed.unwrap(model)(input_ids=ids, use_cache=False).logits, ids)
+            lp, _ = model_logprobs(distributed.unwrap(model), ids)
             seqs.append(ids[0].tolist())
             lps.append(lp[0].cpu())
             masks.append(batch.loss_mask[i, :L])
@@ -273,8 +295,8 @@ def fill_ref_logprobs(model, ref_model, batch, budget: int, temperature: float =
 
 
 def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budget: int, grad_clip: float,
-                   extra: dict | None = None, full_mask=None, temperature: float = 1.0,
-                   with_entropy: bool = False, entropy_grad: bool = False) -> tuple[dict, dict]:
+                   extra: dict | None = None, full_mask=None, temperature: float = 1.0, top_k: int = -1,
+                   top_p: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False) -> tuple[dict, dict]:
     """One AdamW step on `rows` of `batch`: forward/backward each micro-batch, rescale, clip, step.
 
     micro_loss(lp, ent, mb, ex, rows) -> (summed loss, trained-token mask [b,t], metrics | None) for a
@@ -296,10 +318,8 @@ def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budg
         last = i == len(groups) - 1
         sync_ctx = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
         with sync_ctx:
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-            lp, ent = algo.token_logprobs(logits, mb.input_ids, temperature=temperature,
-                                          with_entropy=with_entropy, entropy_grad=entropy_grad)
-            del logits
+            lp, ent = model_logprobs(model, mb.input_ids, mb.attention_mask, temperature=temperature, top_k=top_k,
+                                     top_p=top_p, with_entropy=with_entropy, entropy_grad=entropy_grad)
             loss, m, mm = micro_loss(lp, ent, mb, {k: v.to(dev) for k, v in ex.items()}, g)
             if mm is not None and not pad:
                 mb_metrics.append((len(g), mm))
@@ -333,14 +353,16 @@ def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budg
                        rows_trained=len(list(rows)))
 
 
-def rl_step(model, opt, sched, batch, adv, acfg, tcfg, temperature: float = 1.0) -> dict:
+def rl_step(model, opt, sched, batch, adv, acfg, tcfg, temperature: float = 1.0, top_k: int = -1,
+            top_p: float = 1.0) -> dict:
     """One RL optimizer step on `batch` with advantages `adv` (algo.compute_advantages); the rows
     that train, the loss and its denominator come from algo.py.
 
     π_old is the current weights unless batch.old_logprobs is filled (fill_old_logprobs, before
     the first of several updates on a batch). Rows that cannot move the weights are not forwarded
     (algo.rows_that_train); the per-micro-batch metrics (entropy, ratios, clip fractions) then
-    cover the rows that trained. `tcfg` is config.TrainConfig (micro_batch_tokens, grad_clip, log_entropy)."""
+    cover the rows that trained. `tcfg` is config.TrainConfig (micro_batch_tokens, grad_clip, log_entropy).
+    π_θ is the distribution the engine samples from: temperature, top_k, top_p (algo.token_logprobs)."""
     keep, metrics = algo.keep_rows(batch, adv, acfg)
     rows, known = algo.rows_that_train(batch, adv, keep, acfg)
 
@@ -355,7 +377,7 @@ def rl_step(model, opt, sched, batch, adv, acfg, tcfg, temperature: float = 1.0)
         model, opt, sched, batch, rows, micro_loss,
         lambda mask: algo.aggregation_denominator(mask, acfg.agg, acfg.norm_length),
         tcfg.micro_batch_tokens, tcfg.grad_clip, extra={"adv": adv}, full_mask=known, temperature=temperature,
-        with_entropy=tcfg.log_entropy, entropy_grad=bool(acfg.entropy_coef))
+        top_k=top_k, top_p=top_p, with_entropy=tcfg.log_entropy, entropy_grad=bool(acfg.entropy_coef))
     metrics.update(means)
     if known is not None:  # rows were skipped: the masks of the whole batch
         metrics.update(algo.advantage_stats(adv, known * (batch.loss_mask > 0)))
@@ -374,7 +396,7 @@ def sft_step(model, opt, sched, batch, tcfg) -> dict:
     return {**means, **step}
 
 
-def fill_old_logprobs(model, batch, budget: int, temperature: float = 1.0):
+def fill_old_logprobs(model, batch, budget: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0):
     """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
     updates on the batch (the ratios of the later ones are measured against it)."""
-    batch.old_logprobs = policy_logprobs(model, batch, budget, temperature)
+    batch.old_logprobs = policy_logprobs(model, batch, budget, temperature, top_k, top_p)

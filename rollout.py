@@ -23,6 +23,7 @@ overlaps generation.
 """
 import argparse
 import json
+import logging
 import math
 import os
 import queue
@@ -32,6 +33,8 @@ import sys
 import threading
 import time
 import traceback
+import uuid
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -87,6 +90,7 @@ class Completion:
     token_ids: list
     logprobs: list        # engine log-prob of each sampled token (what it sampled from)
     finish_reason: str    # "stop" (a stop token, included in token_ids) | "length" | "abort"
+    policy_version: int = -1  # the weights every token was sampled with (set by Policy)
 
 
 @dataclass
@@ -94,9 +98,9 @@ class RolloutConfig:
     max_turns: int = 30                 # assistant turns (sampled + prefilled)
     max_tokens_per_turn: int = 1024     # new tokens in one turn; hitting it ends the episode
     max_context: int = 8192             # all tokens of the trajectory
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    temperature: float = 1.0            # sampling temperature (the loss's log-probs use the same)
+    top_p: float = 1.0                  # nucleus sampling; < 1 samples from a distribution μ the trainer does not compute
+    top_k: int = -1                     # top-k sampling; -1 = off
     command_timeout_s: float = 60.0     # one bash call
     max_command_timeouts: int = 3       # consecutive timed-out commands that end the episode
     max_invalid_turns: int = 3          # consecutive turns without a valid tool call that end it
@@ -107,7 +111,7 @@ class RolloutConfig:
     max_staleness: int | None = None    # drop samples older than this many policy versions
     prefill_prob: float = 0.0           # share of groups that start from an expert prefix (one anchor each)
     refresh_expert: bool = False        # a task's expert becomes the policy's latest shortest success on it
-    system_prompt: str = SYSTEM_PROMPT
+    system_prompt: str = SYSTEM_PROMPT  # the system turn every episode starts with
     chat_template_kwargs: dict = field(default_factory=dict)  # e.g. {"enable_thinking": False}
     # The tool schemas in the system turn (the template's <tools> block). A model trained from
     # scratch on this format gains nothing from ~200 constant tokens, and they dilute its attention.
@@ -133,7 +137,8 @@ class Trajectory:
     reward: float = float("nan")
     valid: bool = True
     finish_reason: str = ""
-    policy_version: int = 0
+    policy_version: int = 0                             # the oldest of turn_versions
+    turn_versions: list = field(default_factory=list)   # per sampled turn: the weights that produced it
     num_turns: int = 0
     prefill_k: int = 0
     unparsed_chunks: list = field(default_factory=list)  # k of each turn whose tool call did not parse
@@ -298,12 +303,23 @@ def _generate(engine, prompts, sampling) -> list:
     return [done[f"gen-{i}"] for i in range(len(prompts))]
 
 
+def quiet_vllm():
+    """Errors only from vLLM: its INFO lines (start-up, every weight reload) and the WARNING
+    "RotaryEmbedding: Failed to load weights" (a layer with no weights to reload; train.sync_gap
+    checks the weights that are) read as trouble in a training log."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported
+    logging.getLogger("vllm").setLevel(logging.ERROR)      # and if it already was
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+
+
 class VLLMEngine:
     """In-process vllm.LLM; sleep/wake, in-place weight reload and LoRA hot-swap for training."""
 
     def __init__(self, model, dtype="auto", max_model_len=4096, enable_lora=False, max_lora_rank=16,
-                 gpu_memory_utilization=0.5, seed=0, enable_prefix_caching=True, **llm_kwargs):
+                 gpu_memory_utilization=0.5, seed=0, enable_prefix_caching=True, verbose=False, **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights are passed by reference
+        if not verbose:
+            quiet_vllm()
         # vLLM CPU pins its OpenMP threads to cores; beside a trainer and containers on a small
         # machine that serialises everything (0.38 s vs 0.02 s per decode step, measured on 2 cores).
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -332,6 +348,7 @@ class VLLMEngine:
         self.lora = None           # the LoRARequest every new request uses
         self._lora_ids = 0         # fresh id per load: vLLM caches adapters by id (verl#7495)
         self.sleeping, self._weights_awake, self.lora_enabled = False, True, enable_lora
+        self._held = []            # generation outputs that finished while score() stepped the engine
 
     def placement(self) -> tuple[str, int]:
         """(device, local rank) of the engine's worker, as vLLM placed it."""
@@ -345,36 +362,47 @@ class VLLMEngine:
         self.engine.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, sp, lora_request=self.lora)
 
     def step(self) -> list:
-        done = []
+        done, self._held = self._held, []
         for out in self.engine.step():
             if out.finished:
-                c = out.outputs[0]
-                lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
-                done.append((out.request_id, Completion(list(c.token_ids), lps, c.finish_reason or "abort")))
+                done.append(self._completion(out))
         return done
+
+    @staticmethod
+    def _completion(out):
+        c = out.outputs[0]
+        lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
+        return out.request_id, Completion(list(c.token_ids), lps, c.finish_reason or "abort")
 
     def abort(self, request_ids):
         self.engine.abort_request(list(request_ids))
 
     def has_work(self) -> bool:
-        return self.engine.has_unfinished_requests()
+        return bool(self._held) or self.engine.has_unfinished_requests()
 
     def generate(self, prompts, sampling) -> list:
         return _generate(self, prompts, sampling)
 
     def score(self, sequences) -> list:
-        """log π(t_i | t_<i) of given token sequences under the engine's current weights (position 0 = 0)."""
+        """log π(t_i | t_<i) of given token sequences under the engine's current weights (position 0 = 0).
+        Generation requests of a running Policy keep going meanwhile; those that finish are held for
+        its next step() (test_gpu_path.py::test_score_while_episodes_generate_loses_nothing)."""
         from vllm import SamplingParams
         sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        for i, s in enumerate(sequences):
-            self.engine.add_request(f"score-{i}", {"prompt_token_ids": list(s)}, sp, lora_request=self.lora)
+        ids = [f"score-{uuid.uuid4().hex}" for _ in sequences]
+        for rid, s in zip(ids, sequences):
+            self.engine.add_request(rid, {"prompt_token_ids": list(s)}, sp, lora_request=self.lora)
         res = {}
-        while self.engine.has_unfinished_requests():
+        while len(res) < len(ids):
             for out in self.engine.step():
-                if out.finished:
+                if not out.finished:
+                    continue
+                if out.request_id in ids:
                     res[out.request_id] = [0.0] + [d[t].logprob for t, d in zip(
                         out.prompt_token_ids[1:], out.prompt_logprobs[1:])]
-        return [res[f"score-{i}"] for i in range(len(sequences))]
+                else:
+                    self._held.append(self._completion(out))
+        return [res[rid] for rid in ids]
 
     # -- training hooks, in the wake order TRL/SkyRL/verl use: sleep -> wake weights -> load ->
     #    reset prefix cache -> wake KV cache.
@@ -429,7 +457,11 @@ class VLLMEngine:
         self.wake()
 
     def reset_prefix_cache(self):
-        self.llm.reset_prefix_cache()
+        """Drop cached prefixes (their KV came from the old weights). vLLM refuses while requests
+        run and says so only by returning False: Policy aborts them first (Policy._swap_weights)."""
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache (requests were running): cached "
+                               "prefixes would keep the old weights' KV; abort running requests first")
 
 
 class HFEngine:
@@ -599,15 +631,20 @@ class EpisodeCtx:
 
 class Policy:
     """The model the episodes talk to: an engine, its tokenizer, a version, and a loop thread
-    that adds every pending request to the engine and steps it, so many episodes share batches."""
+    that adds every pending request to the engine and steps it, so many episodes share batches.
+
+    A weight update (update_weights, load_lora) aborts the requests in flight and adds them again
+    after it, so every completion is sampled by one version of the weights, which it carries
+    (Completion.policy_version; test_gpu_path.py::test_weight_update_mid_generation_restarts_the_turn)."""
 
     def __init__(self, engine, tokenizer, version=0, template_kwargs=None, tools=TOOLS):
         self.engine, self.tokenizer, self.version = engine, tokenizer, version
         self.chat = ChatFormat(tokenizer, tools=tools, template_kwargs=template_kwargs)
         self.gen_busy_s = 0.0                # time the engine spent stepping (for overlap figures)
         self._queue = queue.Queue()
-        self._futures = {}
+        self._futures = {}                   # request id -> (future, prompt, sampling, ctx, version at add)
         self._lock = threading.Lock()        # the engine: loop steps vs. sync/sleep/score calls
+        self._version_changed = threading.Condition()
         self._next_id = 0
         self._closed = False
         self._dead = None                    # the error that ended the loop, if one did
@@ -647,7 +684,7 @@ class Policy:
         """Fail these requests' futures and abort them in the engine, which would otherwise finish
         them later for nobody."""
         for rid in rids:
-            self._futures.pop(rid).set_exception(error)
+            self._futures.pop(rid)[0].set_exception(error)
         try:
             self.engine.abort(rids)
         except Exception as e:  # noqa: BLE001 -- a broken engine may not abort; the futures are failed already
@@ -669,13 +706,7 @@ class Policy:
                 continue
             with self._lock:
                 for prompt, sampling, ctx, fut in items:
-                    rid = f"r{self._next_id}"
-                    self._next_id += 1
-                    try:
-                        self.engine.add(rid, prompt, sampling, ctx)
-                        self._futures[rid] = fut
-                    except Exception as e:  # e.g. a prompt longer than the engine's max_model_len
-                        fut.set_exception(e)
+                    self._add(fut, prompt, sampling, ctx)
                 try:
                     t0 = time.perf_counter()
                     done = self.engine.step() if self.engine.has_work() else []
@@ -687,10 +718,49 @@ class Policy:
                           file=sys.stderr, flush=True)
                     self._fail(list(self._futures), err)
                     continue
-            for rid, completion in done:
-                fut = self._futures.pop(rid, None)
-                if fut is not None:  # None: a request failed and aborted after the engine had finished it
-                    fut.set_result(completion)
+                # resolved under the lock: a weight update cannot re-add a request that just finished
+                finished = []
+                for rid, completion in done:
+                    if rid in self._futures:  # else failed, or aborted by a weight update and added again
+                        fut, *_, version = self._futures.pop(rid)
+                        completion.policy_version = version
+                        finished.append((fut, completion))
+            for fut, completion in finished:
+                fut.set_result(completion)
+
+    def _add(self, fut, prompt, sampling, ctx):
+        rid = f"r{self._next_id}"
+        self._next_id += 1
+        try:
+            self.engine.add(rid, prompt, sampling, ctx)
+            self._futures[rid] = (fut, prompt, sampling, ctx, self.version)
+        except Exception as e:  # e.g. a prompt longer than the engine's max_model_len
+            fut.set_exception(e)
+
+    def _swap_weights(self, load, version) -> int:
+        """Abort what is in flight, load the new weights (the engine resets its prefix cache),
+        add the aborted requests again: their tokens so far came from the old weights. Returns
+        how many requests were restarted."""
+        with self._lock:
+            inflight = list(self._futures.values())
+            self.engine.abort(list(self._futures))
+            self._futures.clear()
+            load()
+            self.version = version
+            for fut, prompt, sampling, ctx, _ in inflight:
+                self._add(fut, prompt, sampling, ctx)
+        with self._version_changed:
+            self._version_changed.notify_all()
+        return len(inflight)
+
+    def wait_for_version(self, version: int, stop=None, poll_s: float = 0.5) -> bool:
+        """Block until self.version >= version (True) or `stop` is set (False)."""
+        with self._version_changed:
+            while self.version < version:
+                if stop is not None and stop.is_set():
+                    return False
+                self._version_changed.wait(poll_s)
+        return True
 
     def score(self, sequences) -> list:
         with self._lock:
@@ -704,21 +774,20 @@ class Policy:
         with self._lock:
             self.engine.wake()
 
-    def update_weights(self, named_params, version=None):
-        with self._lock:
-            self.engine.update_weights(named_params)
-            self.version = self.version + 1 if version is None else version
+    def update_weights(self, named_params, version=None) -> int:
+        """Full weights in; returns the number of turns in flight that restart on them."""
+        return self._swap_weights(lambda: self.engine.update_weights(named_params),
+                                  self.version + 1 if version is None else version)
 
-    def load_lora(self, adapter_dir, version=None):
+    def load_lora(self, adapter_dir, version=None) -> int:
+        """Adapter in (None = base model); returns the number of turns in flight that restart on it."""
         version = self.version + 1 if version is None else version
-        with self._lock:
-            self.engine.load_lora(adapter_dir, version)
-            self.version = version
+        return self._swap_weights(lambda: self.engine.load_lora(adapter_dir, version), version)
 
     def close(self):
         self._closed = True
         self._thread.join(timeout=30)
-        for fut in self._futures.values():  # nobody may wait forever on a closed policy
+        for fut, *_ in self._futures.values():  # nobody may wait forever on a closed policy
             fut.set_exception(RuntimeError("Policy closed while a request was pending"))
         self._futures.clear()
 
@@ -816,8 +885,8 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                 sampling.max_tokens = budget
                 if seed is not None:
                     sampling.seed = seed * 1000 + turn
-                versions.append(policy.version)
                 comp = policy.generate(traj.token_ids, sampling, EpisodeCtx(task, turn))
+                versions.append(comp.policy_version)
                 tm["gen_s"] += time.monotonic() - t0
                 traj.append(comp.token_ids, loss=1, chunk=turn, logprobs=comp.logprobs)
             stopped = bool(comp.token_ids) and comp.token_ids[-1] == chat.stop_id and comp.finish_reason == "stop"
@@ -897,6 +966,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
             tm["close_s"] = time.monotonic() - t0
     if cfg.check_tokens and traj.valid:  # an episode stopped before a turn ends on the generation prompt
         _check_tokens(chat, traj, gen_prompt=traj.messages[-1]["role"] != "assistant")
+    traj.turn_versions = versions
     traj.policy_version = min(versions, default=policy.version)
     traj.metrics["model_tokens"] = sum(traj.loss_mask)
     traj.metrics["tokens"] = len(traj.token_ids)
@@ -938,17 +1008,21 @@ def refresh_experts(experts: dict, trajectories) -> None:
 
 
 def drop_stale(trajectories, current_version, max_staleness):
-    """(kept, number dropped): samples whose policy_version is more than max_staleness behind."""
+    """(kept, number dropped): whole groups (group_id) with a trajectory whose policy_version is more
+    than max_staleness behind; one member less would bias its group's baseline."""
     if max_staleness is None:
         return list(trajectories), 0
-    kept = [t for t in trajectories if current_version - t.policy_version <= max_staleness]
+    stale = {t.group_id for t in trajectories if current_version - t.policy_version > max_staleness}
+    kept = [t for t in trajectories if t.group_id not in stale]
     return kept, len(trajectories) - len(kept)
 
 
 def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_start=0, progress=True,
-            stats=None, experts=None) -> list:
+            experts=None) -> list:
     """G episodes per task on cfg.num_workers threads; with cfg.group_redundancy r, start G + r and
-    keep the first G that finish. Trajectories come back grouped by task, in finish order.
+    keep the first G that finish. Trajectories come back grouped by task, each group in launch order
+    (not finish order: a batch's rows, and so its update, are then the same in every run with the
+    same seeds, as a resumed run needs to continue the unbroken one bit for bit).
 
     With cfg.prefill_prob, a task's whole group starts from one anchor (draw_prefill_k) of its
     expert trajectory, experts[task name] or the oracle: a group is one task at one anchor, so
@@ -968,15 +1042,15 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             for j in range(G + cfg.group_redundancy):
                 f = pool.submit(run_episode, task, policy, env, cfg, k, group_id_start + gi, cancels[gi],
                                 rng.randrange(1 << 30), expert)
-                futs[f] = gi
+                futs[f] = gi, j
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
         try:
             for f in as_completed(futs):
-                gi = futs[f]
+                gi, j = futs[f]
                 traj = f.result()
                 if traj is None or len(kept[gi]) >= G:
                     continue
-                kept[gi].append(traj)
+                kept[gi].append((j, traj))
                 bar.update(1)
                 if len(kept[gi]) == G:
                     cancels[gi].set()
@@ -987,11 +1061,10 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             raise
         finally:
             bar.close()
-    out, dropped = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
+    out, _ = drop_stale([t for g in kept for _, t in sorted(g, key=lambda jt: jt[0])], policy.version,
+                        cfg.max_staleness)
     if cfg.refresh_expert and experts is not None:
         refresh_experts(experts, out)
-    if stats is not None:
-        stats["rollout/dropped_stale"] = dropped
     return out
 
 

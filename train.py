@@ -11,7 +11,8 @@ awake) -> advantages -> engine sleeps -> update in token-budget micro-batches ->
 the engine -> sync check -> eval now and then -> log -> checkpoint. The optimizer step is
 learner.py's, SFT sft.py's, the math algo.py's, episodes rollout.py's, config keys config.py's,
 the run directory rundir.py's. `train.mode: async` rolls out in a background thread while the
-trainer steps, dropping trajectories more than `train.max_staleness` policy versions old.
+trainer steps: step s's rollouts start once the weights are at most `train.max_staleness` versions
+behind s, and a weight update restarts the turns in flight, so each turn has one version.
 
 `torchrun --nproc-per-node N train.py ...` gives every rank its own colocated engine and 1/N of
 each step's tasks, with DDP (`train.parallel: ddp`) or FSDP2 (`fsdp`). Beyond one box use a
@@ -28,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 from tqdm import tqdm
@@ -63,7 +65,7 @@ def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
 
 
 # -----------------------------------------------------------------------------------------------
-# engine, weight sync, sync check, eval
+# engine, weight sync, sync check, Docker
 
 
 def make_engine(cfg: Config, model_path, device: str):
@@ -74,7 +76,7 @@ def make_engine(cfg: Config, model_path, device: str):
     return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
-                              enforce_eager=cfg.engine.enforce_eager,
+                              enforce_eager=cfg.engine.enforce_eager, verbose=cfg.verbose,
                               **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 
@@ -96,16 +98,23 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
 
 def sync_gap(model, policy, batch, cfg: Config, device: str, n: int = 2) -> dict:
     """Engine vs trainer log-probs on a few sampled sequences after a sync (a silent no-op sync
-    shows here); {} when train.sync_check is off or the engine cannot score a prompt."""
-    # vLLM's CPU LoRA kernels fail on prompt log-probs (punica_cpu einsum), so no score-based check there
-    if not cfg.train.sync_check or (cfg.model.lora and cfg.engine.kind == "vllm" and device == "cpu"):
+    shows here); {} when train.sync_check is off or no sequence has sampled tokens."""
+    if not cfg.train.sync_check:
         return {}
     seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
-    return rollout.sync_check(policy, seqs, lps, masks) if seqs else {}
-
-
-# -----------------------------------------------------------------------------------------------
-# Docker
+    if not seqs:
+        return {}
+    if not (cfg.model.lora and cfg.engine.kind == "vllm" and device == "cpu"):
+        return rollout.sync_check(policy, seqs, lps, masks)
+    # vLLM CPU's LoRA logits layer picks the adapter by one index per request, not per prompt
+    # position (punica_cpu.add_lora_logits -> bgmv_shrink with sampler_indices): prompt log-probs of
+    # two requests in one engine step fail in einsum, of one request they work. One at a time, then
+    # (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit[True]).
+    parts = [rollout.sync_check(policy, [s], [lp], [m]) for s, lp, m in zip(seqs, lps, masks)]
+    tokens = sum(p["sync/tokens"] for p in parts)
+    return {"sync/max_abs_logprob_gap": max(p["sync/max_abs_logprob_gap"] for p in parts),
+            "sync/mean_abs_logprob_gap": sum(p["sync/mean_abs_logprob_gap"] * p["sync/tokens"] for p in parts) / tokens,
+            "sync/tokens": tokens}
 
 
 def make_env(cfg: Config):
@@ -158,10 +167,9 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
         torch.distributed.barrier()  # rank 0 has moved the old run aside before anyone writes
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
+    np.random.seed(cfg.seed)  # checkpoints carry numpy's state too: a function of the seed, like the others
     torch.manual_seed(cfg.seed)
     rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)
-    rcfg.seed = cfg.seed
-    rcfg.max_staleness = cfg.train.max_staleness if cfg.train.mode == "async" else None
     train_tasks, eval_tasks = load_task_sets(cfg)
     if cfg.model.build_tiny and rank == 0:
         generated = cfg.data.generated_seed if cfg.data.train_tasks == "generated" else None
@@ -267,23 +275,20 @@ def rollout_step(r: Run, policy, step: int):
 
 
 def start_producer(r: Run, policy, start: int, stop: threading.Event) -> queue.Queue:
-    """train.mode async: a thread rolls out step s+1.. while the trainer updates on step s."""
-    produced = queue.Queue(maxsize=max(1, r.cfg.train.max_staleness))
+    """train.mode async: a thread rolls out step s+1.. while the trainer updates on step s. Step s
+    trains on version s, so its rollouts start once the weights are at least s - max_staleness;
+    later turns are newer still (tests/test_gpu_path.py::test_async_steps_respect_the_staleness_bound)."""
+    produced = queue.Queue()
 
     def producer():
         for s in range(start, r.cfg.train.steps):
-            if stop.is_set():
+            if not policy.wait_for_version(s - r.cfg.train.max_staleness, stop):
                 return
             try:
                 item = rollout_step(r, policy, s)
             except BaseException as e:  # noqa: BLE001 -- e.g. the engine failed: next_rollout raises it
                 item = e
-            while not stop.is_set():
-                try:
-                    produced.put(item, timeout=0.5)
-                    break
-                except queue.Full:
-                    pass
+            produced.put(item)
             if isinstance(item, BaseException):
                 return
     threading.Thread(target=producer, name="rollout-producer", daemon=True).start()
@@ -363,9 +368,10 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     sft_opt = warm_start(r)
     start = r.state.get("step", 0)
     opt, sched = rl_optimizer(r, sft_opt)
-    if "rng" in r.state:
-        set_rng_state(r.state["rng"])
     policy = start_policy(r, start)
+    if "rng" in r.state:  # after the engine: vLLM seeds python/numpy/torch when it starts, which would
+        # overwrite the checkpoint's states (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit)
+        set_rng_state(r.state["rng"])
     model, log, world, rank = r.model, r.log, r.world, r.rank
     traj_file = r.out / (f"trajectories.rank{rank}.jsonl" if world > 1 else "trajectories.jsonl")
 
@@ -378,6 +384,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
     bar = tqdm(range(start, cfg.train.steps), desc="rl", initial=start, total=cfg.train.steps, disable=rank != 0)
     for step in bar:
+        t_step = time.time()
         # 1. rollout (engine awake)
         tasks, trajs, n_stale, t_roll, t_gen = next_rollout(r, policy, step, produced)
         rollout.write_jsonl(trajs, traj_file)
@@ -385,18 +392,20 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
         # 2. advantages, 3. engine sleeps, 4. update in token-budget micro-batches
         t0 = time.time()
-        if cfg.train.mode == "sync":
+        if cfg.train.mode == "sync" and cfg.engine.sleep:
             policy.sleep()
         m = {}
         if train_now:
             batch = rollout.make_batch(trajs, r.tok.pad_token_id)
             adv = algo.compute_advantages(batch, r.acfg)
             if cfg.train.updates_per_step > 1:  # PPO epochs: later updates measure ratios against π_old
-                learner.fill_old_logprobs(model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature)
+                learner.fill_old_logprobs(model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature,
+                                          r.rcfg.top_k, r.rcfg.top_p)
             if r.acfg.kl_coef:
                 learner.fill_ref_logprobs(model, r.ref_model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature)
             for _ in range(cfg.train.updates_per_step):
-                m = learner.rl_step(model, opt, sched, batch, adv, r.acfg, cfg.train, r.rcfg.temperature)
+                m = learner.rl_step(model, opt, sched, batch, adv, r.acfg, cfg.train, r.rcfg.temperature,
+                                    r.rcfg.top_k, r.rcfg.top_p)
                 rundir.stop_if_non_finite(step + 1, m)
         t_train = time.time() - t0
 
@@ -417,6 +426,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
                "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
                "time/rollout": t_roll, "time/generation": t_gen, "time/env": max(0.0, t_roll - t_gen),
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
+               "time/step": time.time() - t_step,  # wall clock; async mode hides rollout time behind training
                **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()},
                **rank_times(world, trajs, t_roll, t_train)}
         if rank == 0:

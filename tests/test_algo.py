@@ -428,7 +428,8 @@ def test_aggregation_modes_differ_exactly_as_documented(loss_name):
     lp = rand_lp(b)
     b.old_logprobs = lp - 0.05 * b.loss_mask
     b.infer_logprobs = b.old_logprobs.clone()
-    base = AlgoConfig(loss=loss_name, baseline="grpo", negative_reward=None, gamma=0.9)
+    base = AlgoConfig(loss=loss_name, baseline="grpo", negative_reward=None, gamma=0.9,
+                      clip_low=0.1, clip_high=0.3, seq_clip_low=1e-3, seq_clip_high=2e-3)  # policy_loss must use these
     adv = algo.compute_advantages(b, base)
     per_tok = {"ppo": algo.ppo_clip_loss, "gspo": algo.gspo_loss}.get(loss_name)
     if per_tok:
@@ -592,7 +593,8 @@ def test_micro_batches_add_up_to_the_full_batch(agg):
     layouts = ["paaoaa", "paaaaaaa", "pa", "paoa", "ppaaaoa", "pa"]
     b = build_batch(layouts, [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], groups=[0, 0, 1, 1, 2, 2])
     pol = TinyPolicy()
-    cfg = AlgoConfig(agg=agg, filter_zero_variance=True, max_negative_tokens=7, entropy_coef=0.01, norm_length=16)
+    cfg = AlgoConfig(agg=agg, filter_zero_variance=True, max_filtered_share=0.5, max_negative_tokens=7,
+                     entropy_coef=0.01, norm_length=16)
     with torch.no_grad():
         b.old_logprobs = algo.token_logprobs(pol(b.input_ids), b.input_ids)[0] - 0.1 * b.loss_mask
     b.infer_logprobs = b.old_logprobs.clone()

