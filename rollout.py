@@ -1015,7 +1015,9 @@ def drop_stale(trajectories, current_version, max_staleness):
 def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_start=0, progress=True,
             experts=None) -> list:
     """G episodes per task on cfg.num_workers threads; with cfg.group_redundancy r, start G + r and
-    keep the first G that finish. Trajectories come back grouped by task, in finish order.
+    keep the first G that finish. Trajectories come back grouped by task, each group in launch order
+    (not finish order: a batch's rows, and so its update, are then the same in every run with the
+    same seeds, as a resumed run needs to continue the unbroken one bit for bit).
 
     With cfg.prefill_prob, a task's whole group starts from one anchor (draw_prefill_k) of its
     expert trajectory, experts[task name] or the oracle: a group is one task at one anchor, so
@@ -1035,15 +1037,15 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             for j in range(G + cfg.group_redundancy):
                 f = pool.submit(run_episode, task, policy, env, cfg, k, group_id_start + gi, cancels[gi],
                                 rng.randrange(1 << 30), expert)
-                futs[f] = gi
+                futs[f] = gi, j
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
         try:
             for f in as_completed(futs):
-                gi = futs[f]
+                gi, j = futs[f]
                 traj = f.result()
                 if traj is None or len(kept[gi]) >= G:
                     continue
-                kept[gi].append(traj)
+                kept[gi].append((j, traj))
                 bar.update(1)
                 if len(kept[gi]) == G:
                     cancels[gi].set()
@@ -1054,7 +1056,8 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             raise
         finally:
             bar.close()
-    out, _ = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
+    out, _ = drop_stale([t for g in kept for _, t in sorted(g, key=lambda jt: jt[0])], policy.version,
+                        cfg.max_staleness)
     if cfg.refresh_expert and experts is not None:
         refresh_experts(experts, out)
     return out
