@@ -65,15 +65,21 @@ def load_optimizer_state(model, opt, sd: dict):
     set_optimizer_state_dict(model, opt, sd, options=StateDictOptions(full_state_dict=True))
 
 
-def weights_fingerprint(model) -> list[float]:
-    """float64 (sum, sum of squares) of the full weights (what this rank's engine is given); ranks in
-    step agree bit for bit. Collective under FSDP2."""
+def weights_fingerprint(model) -> list:
+    """[float64 sum, sum of squares, sha256 of every weight's bytes in name order] of the full
+    weights (what this rank's engine is given). Ranks in step agree on all three; the digest makes
+    that bit for bit (the sums alone can miss a difference that cancels or rounds away). Hashing
+    costs about what writing the checkpoint does. Collective under FSDP2."""
+    import hashlib
     import torch
     s = torch.zeros(2, dtype=torch.float64)
-    for _, p in unwrap(model).named_parameters():
-        t = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double()
-        s += torch.stack([t.sum(), (t * t).sum()]).cpu()
-    return s.tolist()
+    digest = hashlib.sha256()
+    for name, p in unwrap(model).named_parameters():
+        t = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+        s += torch.stack([t.double().sum(), (t.double() ** 2).sum()]).cpu()
+        digest.update(name.encode())
+        digest.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return s.tolist() + [digest.hexdigest()]
 
 
 def init_distributed(device: str) -> tuple[int, int]:
@@ -181,6 +187,6 @@ def check_in_step(model, world: int, step: int) -> list:
     would otherwise train on silently). Collective: every rank calls it."""
     fps = gather(weights_fingerprint(model), world)
     if any(f != fps[0] for f in fps):
-        raise RuntimeError(f"step {step}: the ranks hold different weights (float64 sum, sum of squares "
-                           f"per rank: {fps})")
+        raise RuntimeError(f"step {step}: the ranks hold different weights (float64 sum, sum of squares, "
+                           f"sha256 per rank: {fps})")
     return fps

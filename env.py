@@ -214,8 +214,8 @@ trap 'return 130 2>&-' USR1
 exec {__termrl_out}>&1
 { exec {__termrl_in}< <(:); } 2>&- || __termrl_in=-
 """
-KILL_GRACE_S = 1.0      # after a timeout: how long the shell gets to end the killed command before a restart
-TIMEOUT_MARGIN_S = 2.0  # run(timeout=t) returns within t + this (grace + restart); test_hostile measures it
+KILL_GRACE_S = 0.5      # after a timeout: how long the shell gets to end the killed command before a restart
+TIMEOUT_MARGIN_S = 2.5  # run(timeout=t) returns within t + this (grace + restart on a busy machine); test_hostile checks it
 MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, a number)
 FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n"]  # the marker formats, for test_hostile's forgeries
 
@@ -259,7 +259,9 @@ class Terminal:
         self.disk_cap_mb = 0  # set by Env when the watchdog (not a storage quota) keeps the disk cap
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
-        self._cgroup = _cgroup_dirs(self._host_pid)
+        self._cgroup = _cgroup_dirs(self._host_pid, container_id)  # {} unless the daemon is local
+        self._pids_max = _cgroup_read(self._cgroup, "pids", "pids.max")
+        self._pids_hits = self._pid_limit_hits()
         self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
         self._networked = False  # joined the grading network
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
@@ -271,7 +273,8 @@ class Terminal:
 
     # -- session plumbing ----------------------------------------------------------------------
     def _start_session(self):
-        _repair_dev_null(self._host_pid)
+        if self._cgroup:
+            _repair_dev_null(self._host_pid)
         ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
                                          stderr=True, tty=False, environment=SESSION_ENV)
         self._exec_id = ex["Id"]
@@ -289,6 +292,8 @@ class Terminal:
         procs = _container_procs(self._host_pid, self._cgroup) or {}
         shell = next((h for h, n in procs.items() if n == self._session_pid), None)
         self._out_pipe = _readlink(f"/proc/{shell}/fd/1") if shell else None
+        # host pids known not to write to the terminal: init, its sleep, the shell
+        self._quiet = {h for h, n in procs.items() if n <= self._floor or n == self._session_pid}
 
     def _send(self, text: str):
         self._sock.sendall(text.encode())
@@ -452,20 +457,29 @@ class Terminal:
         return f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd were reset]"
 
     def _end_fork_bomb(self) -> str:
-        """At the container's pid limit no command could fork: end every background process."""
-        cur, top = _cgroup_read(self._cgroup, "pids", "pids.current"), _cgroup_read(self._cgroup, "pids", "pids.max")
-        if not (cur.isdigit() and top.isdigit()) or int(cur) < int(top) - 2:
+        """When a fork failed at the container's pid limit since the last command (a fork bomb, most
+        likely still running), end every background process: otherwise no command could fork."""
+        hits = self._pid_limit_hits()
+        if hits <= self._pids_hits:
             return ""
         self._kill_command(self._floor)  # the shell only gets USR1, which an idle shell ignores
-        return f"[the container reached its limit of {top} processes: every background process was killed]\n"
+        self._pids_hits = self._pid_limit_hits()
+        return f"[the container reached its limit of {self._pids_max} processes: every background process was killed]\n"
+
+    def _pid_limit_hits(self) -> int:
+        """How often a fork in the container failed at its pid limit (the cgroup's pids.events)."""
+        m = re.search(r"^max (\d+)", _cgroup_read(self._cgroup, "pids", "pids.events"), re.M)
+        return int(m.group(1)) if m else 0
 
     def _detach_background(self) -> str:
         """Move the shell to a fresh output pipe when background jobs still hold the current one."""
-        procs = self._procs()
-        if not procs or not self._out_pipe:
+        hpids = _cgroup_pids(self._cgroup)  # per command: one read of the cgroup, in the common case
+        if not hpids or not self._out_pipe or not set(hpids) - self._quiet:
             return ""
+        procs = self._procs() or {}
         holders = [h for h, n in procs.items() if n > self._floor and n != self._session_pid
                    and n not in self._relays and self._out_pipe in _fd_targets(h)]
+        self._quiet |= set(procs) - set(holders)  # checked: not writing to the terminal
         if not holders:
             return ""
         shell = next((h for h, n in procs.items() if n == self._session_pid), None)
@@ -484,6 +498,7 @@ class Terminal:
                 data += chunk
             pid = int(data.split(b"\n")[0])
             self._relays.add(pid)
+            self._quiet |= set(holders)  # they keep the old pipe: nothing to check again
             # the shell's fds that were the terminal follow it (stdout, stderr, an agent's saved copy);
             # a stdout the agent sent elsewhere (`exec >f`) stays there
             fds = os.listdir(f"/proc/{shell}/fd") if shell else []
@@ -498,6 +513,7 @@ class Terminal:
                 return ""
             host = next((h for h, n in (self._procs() or {}).items() if n == pid), None)
             self._out_pipe = _readlink(f"/proc/{host}/fd/1") if host else None
+            self._quiet.add(host)
         except Exception:  # the old pipe stays in use: background output may then reach later commands
             return ""
         return ""
@@ -519,7 +535,7 @@ class Terminal:
         is 124, whatever the container's `timeout` binary does (test_hostile.test_exec_and_grade_*)."""
         code, out = _exec(self.client, self.id, ["bash", "-c", cmd], timeout, env=env,
                           workdir=workdir or (self.task.workdir if self.task else "/"), cgroup=self._cgroup,
-                          host_pid=self._host_pid)
+                          host_pid=self._host_pid if self._cgroup else None)
         return code, out.decode("utf-8", "replace")
 
     def grade(self) -> Grade:
@@ -530,7 +546,8 @@ class Terminal:
         only when Docker failed or the harness fails on a fresh container too (tests/test_tampering.py)."""
         t = self.task
         if self.dead:  # the agent broke its own container: a failed episode, not an infrastructure error
-            return Grade(0.0, False, {}, f"[the terminal is dead: {self.dead}]", None)
+            return Grade(0.0, False, {}, f"[the terminal is dead: {self.dead}]", None,
+                         tampered=self.agent_stopped() or f"the agent made its container unusable: {self.dead}")
         try:
             exports = self._agent_exports() if t.tests_in_agent_shell else {}
             evidence = [] if t.keep_agent_processes else self._stop_agent()
@@ -541,6 +558,8 @@ class Terminal:
         if evidence:
             return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
         g, harness_failed = self._verify(exports)
+        if harness_failed and (why := self.agent_stopped()):
+            return Grade(0.0, False, g.tests, g.output, None, tampered=why)
         if harness_failed and self.env is not None and self.env.harness_runs(t):
             return Grade(0.0, False, g.tests, g.output, None, rewards=g.rewards, tampered=(
                 f"{g.infra_error} after the episode, but the harness runs on a fresh container"))
@@ -571,9 +590,11 @@ class Terminal:
                 if not self.client.api.put_archive(self.id, "/tests", tar):
                     raise InfraError("could not copy the tests into the container")
                 code, out = self.exec(t.test_command, t.test_timeout_s, env=env)
-            if t.layout == "tb2":
+            for _ in range(3 if t.layout == "tb2" else 0):
                 rc, text = self.exec("for f in /logs/verifier/reward.json /logs/verifier/reward.txt; do "
                                      "[ -f $f ] && { echo $f; cat $f; exit 0; }; done; exit 3", 30)
+                if rc != 0 or text.partition("\n")[2].strip():
+                    break  # an empty read is retried: a loaded daemon can drop a short exec's output
         except Exception as e:
             return self._failed(e), False
         g, harness_failed = self._score(code, out, rc, text)
@@ -632,25 +653,37 @@ class Terminal:
                 out[name] = value
         return out
 
-    def _failed(self, e: Exception) -> Grade:
-        """A Docker error while grading: the agent's doing when its container stopped (it killed the
-        process that keeps the container up), else the daemon's (infra_error)."""
+    def agent_stopped(self) -> str | None:
+        """Evidence when Docker answers but the container no longer runs: the agent killed the process
+        that keeps it up, its failure rather than the daemon's (tests/test_tampering.py)."""
         with contextlib.suppress(Exception):
             state = self.client.api.inspect_container(self.id)["State"]
             if not state.get("Running"):
-                return Grade(0.0, False, {}, "", None, tampered=(
-                    f"the container stopped during the episode (exit code {state.get('ExitCode')})"))
+                return f"the container stopped during the episode (exit code {state.get('ExitCode')})"
+            procs = self._procs()
+            if procs is not None and _first_child(self._host_pid, procs) is None:  # stopping right now
+                return "the container stopped during the episode (its keep-alive process was killed)"
+        return None
+
+    def _failed(self, e: Exception) -> Grade:
+        """A Docker error while grading: reward 0 and flagged when the agent stopped the container,
+        else an infra_error."""
+        if why := self.agent_stopped():
+            return Grade(0.0, False, {}, "", None, tampered=why)
         return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}")
 
     def _stop_agent(self) -> list[str]:
         """SIGKILL every process in the container except init and the `sleep` that keeps it up, so
         nothing the agent started (daemons included) runs while the tests do; evidence for each
         killed process that names the tests or the verifier's output (tests/test_tampering.py)."""
-        procs = _container_procs(self._host_pid)
+        procs = self._procs()
         if procs is None:  # a daemon on another machine: kill from inside, with the container's tools
             self.exec(_KILL_INSIDE, 30, workdir="/")
             return []
-        keep = {self._host_pid, _first_child(self._host_pid, procs)}
+        sleeper = _first_child(self._host_pid, procs)
+        if sleeper is None:  # the container is stopping: nothing to grade in
+            return ["the process that keeps the container up was killed during the episode"]
+        keep = {self._host_pid, sleeper}
         stopped: dict[int, str] = {}
         for _ in range(1000):  # SIGSTOP until no new process appears: a stopped process cannot fork
             new = [h for h in procs if h not in keep and h not in stopped]
@@ -660,12 +693,12 @@ class Terminal:
                 stopped[h] = _describe(h)
                 with contextlib.suppress(OSError):
                     os.kill(h, signal.SIGSTOP)
-            procs = _container_procs(self._host_pid) or {}
+            procs = self._procs() or {}
         for h in stopped:
             with contextlib.suppress(OSError):
                 os.kill(h, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while left := [h for h in (_container_procs(self._host_pid) or {}) if h in stopped and not _zombie(h)]:
+        while left := [h for h in (self._procs() or {}) if h in stopped and not _zombie(h)]:
             if time.monotonic() > deadline:
                 raise InfraError(f"processes {left} of the agent survived SIGKILL")
             time.sleep(0.005)
@@ -739,11 +772,12 @@ def _exec(client, cid: str, argv: list, timeout: float, env=None, workdir=None, 
     finally:
         with contextlib.suppress(OSError):
             sock.close()
-    for _ in range(100):  # the stream ends a moment before docker records the exit code
-        info = api.exec_inspect(ex["Id"])
-        if not info["Running"]:
-            break
-        time.sleep(0.02)
+    end = time.monotonic() + 10  # the stream ends a moment before docker records the exit code
+    while (info := api.exec_inspect(ex["Id"]))["Running"] or info["ExitCode"] is None:
+        if time.monotonic() > end:  # a process that closed its output and kept running
+            _kill_exec(api, ex["Id"], cgroup or {})
+            return 124, out.text().encode()
+        time.sleep(0.01)
     return info["ExitCode"], out.text().encode()
 
 
@@ -753,6 +787,8 @@ def _kill_exec(api, exec_id: str, cgroup: dict):
         root = api.exec_inspect(exec_id)["Pid"]
         for _ in range(3):  # a second pass catches what forked during the first
             hpids = _cgroup_pids(cgroup) or []
+            if root not in hpids:  # gone, or not a pid of this machine's container
+                return
             parent = {}
             for h in hpids:
                 with contextlib.suppress(OSError, IndexError, ValueError):
@@ -793,13 +829,17 @@ def _fd_targets(hpid: int) -> set:
         return set()
 
 
-def _cgroup_dirs(host_pid: int) -> dict:
-    """{controller: its cgroup directory} of a container's init process, for those we can read."""
+def _cgroup_dirs(host_pid: int, container_id: str) -> dict:
+    """{controller: its cgroup directory} of a container's init process, for those we can read;
+    {} when that pid is not the container's on this machine (a remote daemon's pid means nothing here)."""
     dirs = {}
     try:
-        lines = Path(f"/proc/{host_pid}/cgroup").read_text().splitlines()
+        text = Path(f"/proc/{host_pid}/cgroup").read_text()
     except OSError:
         return dirs
+    if container_id not in text:
+        return dirs
+    lines = text.splitlines()
     for ln in lines:
         _, ctrls, path = ln.split(":", 2)
         for c in ctrls.split(",") if ctrls else ["unified"]:
@@ -885,6 +925,7 @@ RUNNER_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 _HARNESS_PROGRAMS = {"bash", "sh", "dash", "env", "timeout", "python", "python3", "pytest", "pytest-3",
                      "py.test", "pip", "pip3", "uv", "uvx"}
 _RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py", "pluggy.py"}
+_INSTALLER_CONFIGS = {"pip.conf", "uv.toml", ".pydistutils.cfg", ".npmrc", ".condarc"}
 _BIN_DIRS = ("/usr/local/sbin/", "/usr/local/bin/", "/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/")
 
 
@@ -929,6 +970,7 @@ def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DI
     globs its legitimate solution must change in verifier_changes_ok."""
     words, sourced = _script_words(task)
     programs = _HARNESS_PROGRAMS | words
+    bin_dirs = tuple(bin_dirs) + (f"{home}/.local/bin/",)  # where TB1's uv setup installs uv
     sourced = {re.sub(r"^(\$HOME|\$\{HOME\}|~)(?=/)", home, p) for p in sourced}
     kinds = {"A": "added", "C": "changed", "D": "deleted"}
     out = []
@@ -952,6 +994,8 @@ def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DI
             why = "a shared library"
         elif len(parts) == 2 and name in RUNNER_CONFIGS + ("conftest.py",):
             why = "test runner config above /tests"
+        elif name in _INSTALLER_CONFIGS:
+            why = "an installer's config, read by a harness that installs its runner"
         elif path in sourced:
             why = "a file the test script sources"
         if why:

@@ -47,7 +47,7 @@ from env import InfraError
 from tasks import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
-                  "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead")
+                  "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead", "container_stopped")
 
 SYSTEM_PROMPT = (
     "You are an autonomous agent solving a task in a Linux terminal (bash, no internet access). "
@@ -953,7 +953,12 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
             raise InfraError(g.infra_error)
         traj.reward = float(g.reward)
     except InfraError as e:  # the environment failed, not the agent: keep the row, mask it out
-        traj.finish_reason, traj.valid, traj.reward, traj.error = "env_error", False, float("nan"), str(e)
+        if term is not None and (why := term.agent_stopped()):  # ... unless the agent stopped its container
+            traj.finish_reason, traj.reward = "container_stopped", 0.0
+            traj.grade = {"passed": False, "tests": {}, "output": str(e), "infra_error": None, "rewards": {},
+                          "tampered": why}
+        else:
+            traj.finish_reason, traj.valid, traj.reward, traj.error = "env_error", False, float("nan"), str(e)
     finally:
         if term is not None:
             t0 = time.monotonic()
@@ -1015,7 +1020,9 @@ def drop_stale(trajectories, current_version, max_staleness):
 def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_start=0, progress=True,
             experts=None) -> list:
     """G episodes per task on cfg.num_workers threads; with cfg.group_redundancy r, start G + r and
-    keep the first G that finish. Trajectories come back grouped by task, in finish order.
+    keep the first G that finish. Trajectories come back grouped by task, each group in launch order
+    (not finish order: a batch's rows, and so its update, are then the same in every run with the
+    same seeds, as a resumed run needs to continue the unbroken one bit for bit).
 
     With cfg.prefill_prob, a task's whole group starts from one anchor (draw_prefill_k) of its
     expert trajectory, experts[task name] or the oracle: a group is one task at one anchor, so
@@ -1035,15 +1042,15 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             for j in range(G + cfg.group_redundancy):
                 f = pool.submit(run_episode, task, policy, env, cfg, k, group_id_start + gi, cancels[gi],
                                 rng.randrange(1 << 30), expert)
-                futs[f] = gi
+                futs[f] = gi, j
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
         try:
             for f in as_completed(futs):
-                gi = futs[f]
+                gi, j = futs[f]
                 traj = f.result()
                 if traj is None or len(kept[gi]) >= G:
                     continue
-                kept[gi].append(traj)
+                kept[gi].append((j, traj))
                 bar.update(1)
                 if len(kept[gi]) == G:
                     cancels[gi].set()
@@ -1054,7 +1061,8 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             raise
         finally:
             bar.close()
-    out, _ = drop_stale([t for g in kept for t in g], policy.version, cfg.max_staleness)
+    out, _ = drop_stale([t for g in kept for _, t in sorted(g, key=lambda jt: jt[0])], policy.version,
+                        cfg.max_staleness)
     if cfg.refresh_expert and experts is not None:
         refresh_experts(experts, out)
     return out

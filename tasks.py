@@ -255,7 +255,7 @@ def _find_tasks(d: Path) -> list[Path]:
 def task_dirs(spec) -> list[Path]:
     """Task folders named by spec: a task dir, a folder of task dirs at any depth, or a list file
     (JSON or lines)."""
-    p = Path(spec)
+    p = Path(spec).expanduser()  # `--set data.train_tasks=~/tb` reaches us unexpanded
     if p.is_file():
         text = p.read_text()
         try:

@@ -23,6 +23,11 @@ import shutil
 import time
 from pathlib import Path
 
+from tasks import generate_easy_tasks, oracle_commands
+
+# torch, transformers, tokenizers and jinja2 are imported inside the functions that use them, so that
+# `python tiny.py --help` and the corpus helpers start in a fraction of a second.
+
 # Qwen2.5 / Qwen3 special tokens. The tool and think tags are added tokens with special=False,
 # exactly as in Qwen's tokenizer.json, so decode(skip_special_tokens=True) keeps them.
 PAD_TOKEN, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -287,7 +292,6 @@ def oracle_corpus(tasks, system_prompt: str, tools) -> list[str]:
     """Rendered oracle conversations of `tasks` (with `tools` in the system turn, as the rollout
     renders them): the tiny tokenizer learns merges for them."""
     import rollout  # costly (torch): only a build for a training run needs it
-    from tasks import oracle_commands
     tok = train_tokenizer(default_corpus(), 512)  # only for the chat template
     out = []
     for t in tasks:
@@ -306,7 +310,6 @@ def build_for_tasks(out_dir, tasks, system_prompt: str, tools, generated_seed: i
     wherever it appears (" w", "/w"), as in a real tokenizer; from the train tasks alone " pencil"
     was " pe n c i l"."""
     if generated_seed is not None:
-        from tasks import generate_easy_tasks  # only a build for the generated family needs it
         tasks = [t for split in ("train", "heldout")
                  for t in generate_easy_tasks(512, seed=generated_seed, split=split)]
     return build_tiny_model(out_dir, corpus=oracle_corpus(tasks, system_prompt, tools), **kwargs)

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 from tqdm import tqdm
@@ -64,7 +65,7 @@ def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
 
 
 # -----------------------------------------------------------------------------------------------
-# engine, weight sync, sync check, eval
+# engine, weight sync, sync check, Docker
 
 
 def make_engine(cfg: Config, model_path, device: str):
@@ -97,16 +98,23 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
 
 def sync_gap(model, policy, batch, cfg: Config, device: str, n: int = 2) -> dict:
     """Engine vs trainer log-probs on a few sampled sequences after a sync (a silent no-op sync
-    shows here); {} when train.sync_check is off or the engine cannot score a prompt."""
-    # vLLM's CPU LoRA kernels fail on prompt log-probs (punica_cpu einsum), so no score-based check there
-    if not cfg.train.sync_check or (cfg.model.lora and cfg.engine.kind == "vllm" and device == "cpu"):
+    shows here); {} when train.sync_check is off or no sequence has sampled tokens."""
+    if not cfg.train.sync_check:
         return {}
     seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
-    return rollout.sync_check(policy, seqs, lps, masks) if seqs else {}
-
-
-# -----------------------------------------------------------------------------------------------
-# Docker
+    if not seqs:
+        return {}
+    if not (cfg.model.lora and cfg.engine.kind == "vllm" and device == "cpu"):
+        return rollout.sync_check(policy, seqs, lps, masks)
+    # vLLM CPU's LoRA logits layer picks the adapter by one index per request, not per prompt
+    # position (punica_cpu.add_lora_logits -> bgmv_shrink with sampler_indices): prompt log-probs of
+    # two requests in one engine step fail in einsum, of one request they work. One at a time, then
+    # (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit[True]).
+    parts = [rollout.sync_check(policy, [s], [lp], [m]) for s, lp, m in zip(seqs, lps, masks)]
+    tokens = sum(p["sync/tokens"] for p in parts)
+    return {"sync/max_abs_logprob_gap": max(p["sync/max_abs_logprob_gap"] for p in parts),
+            "sync/mean_abs_logprob_gap": sum(p["sync/mean_abs_logprob_gap"] * p["sync/tokens"] for p in parts) / tokens,
+            "sync/tokens": tokens}
 
 
 def make_env(cfg: Config):
@@ -159,6 +167,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
         torch.distributed.barrier()  # rank 0 has moved the old run aside before anyone writes
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
+    np.random.seed(cfg.seed)  # checkpoints carry numpy's state too: a function of the seed, like the others
     torch.manual_seed(cfg.seed)
     rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)
     train_tasks, eval_tasks = load_task_sets(cfg)
@@ -359,9 +368,10 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     sft_opt = warm_start(r)
     start = r.state.get("step", 0)
     opt, sched = rl_optimizer(r, sft_opt)
-    if "rng" in r.state:
-        set_rng_state(r.state["rng"])
     policy = start_policy(r, start)
+    if "rng" in r.state:  # after the engine: vLLM seeds python/numpy/torch when it starts, which would
+        # overwrite the checkpoint's states (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit)
+        set_rng_state(r.state["rng"])
     model, log, world, rank = r.model, r.log, r.world, r.rank
     traj_file = r.out / (f"trajectories.rank{rank}.jsonl" if world > 1 else "trajectories.jsonl")
 
@@ -374,6 +384,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
     bar = tqdm(range(start, cfg.train.steps), desc="rl", initial=start, total=cfg.train.steps, disable=rank != 0)
     for step in bar:
+        t_step = time.time()
         # 1. rollout (engine awake)
         tasks, trajs, n_stale, t_roll, t_gen = next_rollout(r, policy, step, produced)
         rollout.write_jsonl(trajs, traj_file)
@@ -415,6 +426,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
                "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
                "time/rollout": t_roll, "time/generation": t_gen, "time/env": max(0.0, t_roll - t_gen),
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
+               "time/step": time.time() - t_step,  # wall clock; async mode hides rollout time behind training
                **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()},
                **rank_times(world, trajs, t_roll, t_train)}
         if rank == 0:

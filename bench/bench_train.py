@@ -3,6 +3,7 @@
     python bench/bench_train.py                       # tiny model, CPU, 3 RL steps of configs/tiny.yaml
     python bench/bench_train.py --steps 0 --repeats 2  # only 2.: the README's trainer figures
     python bench/bench_train.py --metrics runs/tiny/metrics.jsonl   # only 1., of a finished run
+    python bench/bench_train.py --modes sync async --steps 4 --repeats 0   # 3.: async vs sync step time
 
 1. Runs a short real training run (vLLM + Docker) and prints, per RL step, the time split:
    generation, environment, training, weight sync, eval, checkpoint.
@@ -10,6 +11,8 @@
    lengths vary), times learner.rl_step (token-budget micro-batches, IPA/GRPO loss, masks, AdamW)
    against a bare transformers forward + cross-entropy backward over the same micro-batches, and
    prints tokens/s of both, the overhead, and the padding fraction next to count-based batching.
+3. With --modes sync async: the same RL steps (config, seed, tasks) in each train.mode, and the
+   mean wall time per step after the first (time/step), so async's overlap shows as a speed-up.
 Targets: overhead <= 10%, padding <= 10%.
 """
 import os
@@ -40,6 +43,7 @@ def time_split(cfg, steps: int, metrics: str | None):
             print(f"{r['step']:>4} " + " ".join(f"{v:>11.2f}" for v in vals) + f" {sum(vals):>8.2f}")
     print("generation = engine busy time during the rollout; env = the rest of the rollout wall time "
           "(container start, commands, grading not hidden behind generation)")
+    return records
 
 
 def throughput(cfg, repeats: int):
@@ -117,12 +121,22 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="RL steps for the time split (0 = skip)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--metrics", help="print the time split of this finished run's metrics.jsonl instead of running")
+    ap.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync"],
+                    help="train.mode(s) of the time split; two give the async vs sync step time")
     a = ap.parse_args()
-    out = tempfile.mkdtemp(prefix="bench_train_")
-    cfg = config.load_config(a.config, [f"out_dir={out}"] + a.set)
-    if a.steps or a.metrics:
-        time_split(cfg, a.steps, a.metrics)
-    if not a.metrics:  # a finished run's time split alone: no trajectories to collect, seconds
+    step_times = {}
+    for mode in a.modes:
+        out = tempfile.mkdtemp(prefix="bench_train_")
+        cfg = config.load_config(a.config, [f"out_dir={out}", f"train.mode={mode}"] + a.set)
+        if a.steps or a.metrics:
+            print(f"\ntrain.mode {mode}")
+            records = time_split(cfg, a.steps, a.metrics)
+            steps = [r["time/step"] for r in records if r.get("phase") == "rl" and "time/step" in r][1:]
+            step_times[mode] = sum(steps) / max(1, len(steps))
+    if len(step_times) == 2:
+        print(f"\nmean step wall time after the first: sync {step_times['sync']:.1f} s, async "
+              f"{step_times['async']:.1f} s: async speed-up x{step_times['sync'] / step_times['async']:.2f}")
+    if not a.metrics and a.repeats:  # a finished run's time split alone: no trajectories to collect, seconds
         throughput(cfg, a.repeats)
 
 

@@ -332,23 +332,26 @@ def test_validate_cli_gives_each_bad_task_its_verdict_and_fails(tmp_path):
     """One small bad task per verdict, validated in one CLI run: each gets its own status and the
     exit code is non-zero. Catches a verdict that never fires or is swapped for another (an
     oracle that fails after passing once called "oracle_fails", a no-op that earns reward called
-    "ok", a harness crash counted as the task failing) and a CLI that exits 0 on bad tasks."""
+    "ok", a harness crash counted as the task failing, a task's broken Dockerfile called an
+    infrastructure error) and a CLI that exits 0 on bad tasks."""
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     _bad_task(tasks, "oracle-fails", solve="#!/bin/bash\necho alpha > /app/a.txt\n")  # half the work
     _bad_task(tasks, "noop-passes", test="#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
     _bad_task(tasks, "harness-crash", test="#!/bin/bash\necho 'crashed before writing a reward'; exit 1\n")
     _bad_task(tasks, "malformed", toml="[verifier\ntimeout_sec = 3\n")
+    build = shutil.copytree(FIXTURE_TASKS / "tb2-partial", tasks / "build-fails")  # its own Dockerfile
+    (build / "environment" / "Dockerfile").write_text("FROM termrl-base:bookworm\nRUN echo no such package >&2; exit 3\n")
     switch = int(time.time()) + FLAKY_MARGIN_S
     _bad_task(tasks, "flaky", solve=_FLAKY_SOLVE.replace("SWITCH", str(switch)))
     out = tmp_path / "v.json"
-    r = subprocess.run([sys.executable, str(ROOT / "env.py"), "validate", str(tasks), "--k", "2", "--jobs", "5",
+    r = subprocess.run([sys.executable, str(ROOT / "env.py"), "validate", str(tasks), "--k", "2", "--jobs", "6",
                         "--json", str(out)], capture_output=True, text=True, timeout=600)
     rows = {row["task"]: row for row in json.loads(out.read_text())["tasks"]}
     status = {name: row["status"] for name, row in rows.items()}
     assert status == {"oracle-fails": "oracle_fails", "noop-passes": "noop_passes", "harness-crash": "infra_error",
-                      "malformed": "malformed", "flaky": "flaky"}, (status, r.stdout[-3000:])
-    assert r.returncode == 1 and "0/5 tasks ok" in r.stdout, r.stdout + r.stderr
+                      "malformed": "malformed", "flaky": "flaky", "build-fails": "build_fails"}, (status, r.stdout[-3000:])
+    assert r.returncode == 1 and "0/6 tasks ok" in r.stdout, r.stdout + r.stderr
     assert rows["oracle-fails"]["oracle"] == [0.5] and rows["oracle-fails"]["noop"] == 0.0
     assert rows["flaky"]["oracle"] == [1.0, 0.0] and rows["flaky"]["noop"] == 0.0
     assert rows["noop-passes"]["noop"] == 1.0

@@ -82,6 +82,7 @@ def test_timeout_ends_a_shell_that_ignores_signals_within_the_margin(docker_env,
         r = term.run("trap '' USR1 INT TERM HUP; while :; do :; done", timeout=5)
         took = time.monotonic() - t0
         assert r.timed_out and r.exit_code is None and "timed out after 5s" in r.output, r
+        print(f"5 s timeout, shell ignoring signals: returned after {took:.2f} s")
         assert took <= 5 + getattr(E, "TIMEOUT_MARGIN_S", 1.5), took
         assert term.run("echo fresh").output == "fresh\n"
         time.sleep(0.2)
@@ -195,6 +196,7 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
         r = term.run("for i in 1 2 3; do head -c 150M /dev/zero > /big$i || break; done; echo wrote", timeout=60)
         time.sleep(E.DISK_CHECK_S * 2 if hasattr(E, "DISK_CHECK_S") else 0)
         used = int(subprocess.run(["du", "-sm", upper], capture_output=True, text=True).stdout.split()[0])
+        print(f"disk cap {cap_mb} MiB: the writable layer held {used} MiB when the episode ended")
         assert used <= cap_mb + 200, used  # bounded: the cap plus what one check interval lets through
         r = term.run("echo after")
         assert getattr(term, "dead", None) and "disk" in r.output.lower(), r
@@ -263,7 +265,7 @@ def test_sigterm_during_rollout_stops_at_once_and_leaks_nothing(docker_env, tiny
                             filters={"type": "container", "event": "create", "label": f"termrl.pid={child.pid}"})
         started_after = [e for e in events if e["timeNano"] > since * 1e9]
         assert stopped < 5, stopped  # the running episodes' commands (sleep 2) end with their containers
-        assert exited < 15, exited   # + interpreter exit with torch loaded (a few seconds on a busy box)
+        assert exited < 30, exited   # + Python tearing torch down, slow on a busy machine
         assert not started_after, started_after
         assert not api.containers(all=True, filters=pid_filter)
         print(f"SIGTERM: rollout stopped after {stopped:.1f}s, process exited after {exited:.1f}s")

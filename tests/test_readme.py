@@ -48,6 +48,7 @@ SHORT = ("--set sft.steps=2 --set sft.num_tasks=8 --set sft.batch_size=4 --set s
          "--set train.updates_per_step=1 --set rollout.num_workers=4 "
          "--set eval.num_tasks=2 --set eval.samples=1 --set eval.every=1 --set checkpoint.every=1")
 DEMO = "python train.py --config configs/tiny.yaml"
+TB = "~/tb/tasks"  # the README's stand-in for a Terminal-Bench checkout
 EVAL = "python evaluate.py run --config configs/tiny.yaml --tasks tasks/ --k 8 --model runs/tiny --out eval/"
 
 
@@ -123,6 +124,16 @@ RULES = {
         Rule(replace=[("tasks/ ", "tasks/fix-json-config ")], append="--k 1",
              check=lambda r, clone: json.loads((clone / "validate.json").read_text())["tasks"][0]["status"] == "ok"),
     "python env.py shell tasks/git-merge-conflict": Rule(stdin="pwd\nexit\n", check=_check_shell),
+    # "Running official Terminal-Bench tasks": tests/fixtures (one TB1, one Harbor task) as the checkout
+    f"python env.py validate {TB} --k 3 --flake-runs 30 --load 4 --json validate.json":
+        Rule(replace=[(TB, "tests/fixtures")], append="--k 1 --flake-runs 2 --load 2",
+             check=lambda r, clone: [t["status"] for t in json.loads((clone / "validate.json").read_text())["tasks"]]
+             == ["ok", "ok"]),
+    f"python env.py validate {TB} --build-network default --agent-network none --grading-network default":
+        Rule(replace=[(TB, "tests/fixtures")], append="--k 1", check=lambda r, clone: "2/2 tasks ok" in r.stdout),
+    f"python evaluate.py run --config configs/tiny.yaml --tasks {TB} --k 8 --model runs/tiny --out eval/tb/":
+        Rule(replace=[(TB, "tests/fixtures")], append="--k 1", needs=[DEMO],
+             check=lambda r, clone: len(json.loads((clone / "eval" / "tb" / "eval.json").read_text())["tasks"]) == 2),
     EVAL: Rule(replace=[("--tasks tasks/ ", "--tasks tasks/fix-json-config ")], append="--k 2", needs=[DEMO],
                check=lambda r, clone: json.loads((clone / "eval" / "eval.json").read_text())),
     "python evaluate.py curate eval/eval.json --min-pass 0.1 --max-pass 0.9 --out train-tasks.json":

@@ -6,6 +6,7 @@ lands in the engine."""
 import dataclasses
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -417,8 +418,9 @@ def _generate_all(policy, prompts, sampling, timeout=120):
     threads = [threading.Thread(target=one, args=(i, p), daemon=True) for i, p in enumerate(prompts)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout
     for t in threads:
-        t.join(timeout)
+        t.join(max(0.0, deadline - time.monotonic()))
     assert not any(t.is_alive() for t in threads), "generate() hung"
     return out
 
@@ -465,11 +467,12 @@ def test_an_engine_step_failure_fails_the_waiting_episodes_and_the_loop_goes_on(
 
 
 def test_a_dead_generation_loop_fails_every_request(vllm_engine, tiny_tokenizer, monkeypatch):
-    """Bug: an exception outside the engine step (there: KeyError on a forgotten request) killed
-    the generation thread silently; every request then waited forever. Now the loop's death fails
-    every pending and every later request with its error."""
+    """Bug: an exception the loop did not expect (there: KeyError on a forgotten request) killed the
+    generation thread silently, and every request then waited forever. Here the engine raises
+    SystemExit, which no `except Exception` stops: the loop's death must fail every pending and
+    every later request with its error, and abort what it left in the engine."""
     monkeypatch.setattr(vllm_engine.engine, "has_unfinished_requests",
-                        lambda: (_ for _ in ()).throw(RuntimeError("injected loop failure")))
+                        lambda: (_ for _ in ()).throw(SystemExit("injected loop failure")))
     with R.Policy(vllm_engine, tiny_tokenizer) as policy:
         first = _generate_all(policy, [[5, 6, 7]] * 3, R.Sampling(max_tokens=4), timeout=30)
         later = _generate_all(policy, [[5, 6, 7]], R.Sampling(max_tokens=4), timeout=30)
