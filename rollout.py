@@ -387,6 +387,15 @@ class VLLMEngine:
         """log π(t_i | t_<i) of given token sequences under the engine's current weights (position 0 = 0).
         Generation requests of a running Policy keep going meanwhile; those that finish are held for
         its next step() (test_gpu_path.py::test_score_while_episodes_generate_loses_nothing)."""
+        if self.on_cpu and self.lora_enabled:
+            # vLLM CPU's LoRA logits layer picks the adapter by one index per request, not per prompt
+            # position (punica_cpu.add_lora_logits -> bgmv_shrink with sampler_indices): prompt
+            # log-probs of two requests in one engine step fail in einsum, of one request they work
+            # (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit).
+            return [self._score([s])[0] for s in sequences]
+        return self._score(sequences)
+
+    def _score(self, sequences) -> list:
         from vllm import SamplingParams
         sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         ids = [f"score-{uuid.uuid4().hex}" for _ in sequences]
@@ -834,23 +843,84 @@ def _check_tokens(chat, traj, gen_prompt):
         traj.metrics["token_mismatch"] += 1
 
 
+def _new_trajectory(task, chat, cfg, group_id, version, prefill_k) -> Trajectory:
+    """An episode's record before its first turn: the system + task prompt, zeroed counters."""
+    traj = Trajectory(task_name=task.name, group_id=group_id, policy_version=version, prefill_k=prefill_k)
+    traj.metrics = dict(invalid_turns=0, command_timeouts=0, text_mismatch=0, token_mismatch=0, commands=0)
+    traj.timings = dict(reset_s=0.0, gen_s=0.0, env_s=0.0, grade_s=0.0, close_s=0.0, total_s=0.0)
+    traj.messages = [{"role": "system", "content": cfg.system_prompt}, {"role": "user", "content": task.instruction}]
+    traj.append(chat.prompt_ids(traj.messages))
+    traj.prompt_len = len(traj.token_ids)
+    return traj
+
+
+def _assistant_turn(policy, traj, task, turn, expert, sampling, room, budget, seed):
+    """Assistant turn `turn` (one chunk) appended to traj: replayed from `expert` while turn <
+    len(expert), else sampled within `budget` tokens. None when an expert turn does not fit in
+    `room` (the per-turn cap is for sampling; an expert turn only needs room)."""
+    if turn < len(expert):
+        ids = policy.chat.expert_ids(expert[turn])
+        if len(ids) > room:
+            return None
+        traj.append(ids, imitation=1, chunk=turn)
+        return Completion(ids, [0.0] * len(ids), "stop")
+    t0 = time.monotonic()
+    sampling.max_tokens = budget
+    if seed is not None:
+        sampling.seed = seed * 1000 + turn
+    comp = policy.generate(traj.token_ids, sampling, EpisodeCtx(task, turn))
+    traj.turn_versions.append(comp.policy_version)
+    traj.timings["gen_s"] += time.monotonic() - t0
+    traj.append(comp.token_ids, loss=1, chunk=turn, logprobs=comp.logprobs)
+    return comp
+
+
+def _run_command(term, command, cfg, traj, deadline):
+    """Run the agent's bash command within its timeout and the episode's deadline; counted in traj."""
+    t0 = time.monotonic()
+    result = term.run(command, timeout=max(1.0, min(cfg.command_timeout_s, deadline - t0)))
+    traj.timings["env_s"] += time.monotonic() - t0
+    traj.metrics["commands"] += 1
+    traj.metrics["command_timeouts"] += int(result.timed_out)
+    return result
+
+
+def _grade_into(traj, term):
+    """The hidden tests' verdict into traj (reward, grade record); InfraError if the harness failed."""
+    t0 = time.monotonic()
+    g = term.grade()
+    traj.timings["grade_s"] = time.monotonic() - t0
+    traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
+                  "rewards": g.rewards, "tampered": g.tampered}
+    if g.infra_error:
+        raise InfraError(g.infra_error)
+    traj.reward = float(g.reward)
+
+
+def _environment_failed(traj, term, err):
+    """An InfraError ended the episode: the row stays but is masked out of training, unless the
+    agent stopped its own container (then it is the agent's failure, reward 0)."""
+    if term is not None and (why := term.agent_stopped()):
+        traj.finish_reason, traj.reward = "container_stopped", 0.0
+        traj.grade = {"passed": False, "tests": {}, "output": str(err), "infra_error": None, "rewards": {},
+                      "tampered": why}
+    else:
+        traj.finish_reason, traj.valid, traj.reward, traj.error = "env_error", False, float("nan"), str(err)
+
+
 def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, cancel=None, seed=None,
                 expert=None):
     """Play one episode of task, its first `prefill_k` turns replayed from `expert` (commands;
     default the oracle's); returns a Trajectory (None if `cancel` was set before it finished)."""
     chat = policy.chat
     t_start = time.monotonic()
-    traj = Trajectory(task_name=task.name, group_id=group_id, policy_version=policy.version, prefill_k=prefill_k)
-    traj.metrics = dict(invalid_turns=0, command_timeouts=0, text_mismatch=0, token_mismatch=0, commands=0)
-    tm = traj.timings = dict(reset_s=0.0, gen_s=0.0, env_s=0.0, grade_s=0.0, close_s=0.0, total_s=0.0)
-    traj.messages = [{"role": "system", "content": cfg.system_prompt}, {"role": "user", "content": task.instruction}]
-    traj.append(chat.prompt_ids(traj.messages))
-    traj.prompt_len = len(traj.token_ids)
+    traj = _new_trajectory(task, chat, cfg, group_id, policy.version, prefill_k)
+    tm = traj.timings
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_tokens_per_turn, seed,
                         stop_token_ids=(chat.stop_id,))
     expert = (oracle_commands(task) if expert is None else expert)[:prefill_k] if prefill_k else []
     deadline = t_start + (cfg.episode_timeout_s or task.agent_timeout_s)
-    term, finish, versions = None, None, []
+    term, finish = None, None
     if cancel is not None and cancel.is_set():  # the group is already complete
         return None
     try:
@@ -869,26 +939,10 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                 break
             room = cfg.max_context - len(traj.token_ids) - len(chat.turn_end_ids)
             budget = min(cfg.max_tokens_per_turn, room)
-            if budget <= 0:
+            comp = _assistant_turn(policy, traj, task, turn, expert, sampling, room, budget, seed) if budget > 0 else None
+            if comp is None:
                 finish = "context_overflow"
                 break
-            # one assistant turn = one chunk: prefilled from the expert, or sampled
-            if turn < len(expert):
-                ids = chat.expert_ids(expert[turn])
-                if len(ids) > room:  # the per-turn cap is for sampling; an expert turn only needs room
-                    finish = "context_overflow"
-                    break
-                comp = Completion(ids, [0.0] * len(ids), "stop")
-                traj.append(ids, imitation=1, chunk=turn)
-            else:
-                t0 = time.monotonic()
-                sampling.max_tokens = budget
-                if seed is not None:
-                    sampling.seed = seed * 1000 + turn
-                comp = policy.generate(traj.token_ids, sampling, EpisodeCtx(task, turn))
-                versions.append(comp.policy_version)
-                tm["gen_s"] += time.monotonic() - t0
-                traj.append(comp.token_ids, loss=1, chunk=turn, logprobs=comp.logprobs)
             stopped = bool(comp.token_ids) and comp.token_ids[-1] == chat.stop_id and comp.finish_reason == "stop"
             content = chat.decode(comp.token_ids[:-1] if stopped else comp.token_ids)
             traj.append(chat.turn_end_ids[1:] if stopped else chat.turn_end_ids)  # close the turn ourselves
@@ -916,13 +970,8 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                 if call["name"] == "submit":
                     finish = "submitted"
                     break
-                t0 = time.monotonic()
-                timeout = max(1.0, min(cfg.command_timeout_s, deadline - t0))
-                result = term.run(call["arguments"]["command"], timeout=timeout)
-                tm["env_s"] += time.monotonic() - t0
-                traj.metrics["commands"] += 1
+                result = _run_command(term, call["arguments"]["command"], cfg, traj, deadline)
                 timeouts = timeouts + 1 if result.timed_out else 0
-                traj.metrics["command_timeouts"] += int(result.timed_out)
                 if term.dead:  # the agent made its container unusable (env.Terminal.dead): graded as a failure
                     finish = "terminal_dead"
                     break
@@ -944,21 +993,9 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
         traj.finish_reason, traj.num_turns = finish, turn
         if cancel is not None and cancel.is_set():
             return None
-        t0 = time.monotonic()
-        g = term.grade()
-        tm["grade_s"] = time.monotonic() - t0
-        traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
-                      "rewards": g.rewards, "tampered": g.tampered}
-        if g.infra_error:
-            raise InfraError(g.infra_error)
-        traj.reward = float(g.reward)
+        _grade_into(traj, term)
     except InfraError as e:  # the environment failed, not the agent: keep the row, mask it out
-        if term is not None and (why := term.agent_stopped()):  # ... unless the agent stopped its container
-            traj.finish_reason, traj.reward = "container_stopped", 0.0
-            traj.grade = {"passed": False, "tests": {}, "output": str(e), "infra_error": None, "rewards": {},
-                          "tampered": why}
-        else:
-            traj.finish_reason, traj.valid, traj.reward, traj.error = "env_error", False, float("nan"), str(e)
+        _environment_failed(traj, term, e)
     finally:
         if term is not None:
             t0 = time.monotonic()
@@ -966,8 +1003,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
             tm["close_s"] = time.monotonic() - t0
     if cfg.check_tokens and traj.valid:  # an episode stopped before a turn ends on the generation prompt
         _check_tokens(chat, traj, gen_prompt=traj.messages[-1]["role"] != "assistant")
-    traj.turn_versions = versions
-    traj.policy_version = min(versions, default=policy.version)
+    traj.policy_version = min(traj.turn_versions, default=policy.version)
     traj.metrics["model_tokens"] = sum(traj.loss_mask)
     traj.metrics["tokens"] = len(traj.token_ids)
     tm["total_s"] = time.monotonic() - t_start

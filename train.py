@@ -96,25 +96,13 @@ def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
         policy.update_weights(params, version)
 
 
-def sync_gap(model, policy, batch, cfg: Config, device: str, n: int = 2) -> dict:
+def sync_gap(model, policy, batch, cfg: Config, n: int = 2) -> dict:
     """Engine vs trainer log-probs on a few sampled sequences after a sync (a silent no-op sync
     shows here); {} when train.sync_check is off or no sequence has sampled tokens."""
     if not cfg.train.sync_check:
         return {}
     seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
-    if not seqs:
-        return {}
-    if not (cfg.model.lora and cfg.engine.kind == "vllm" and device == "cpu"):
-        return rollout.sync_check(policy, seqs, lps, masks)
-    # vLLM CPU's LoRA logits layer picks the adapter by one index per request, not per prompt
-    # position (punica_cpu.add_lora_logits -> bgmv_shrink with sampler_indices): prompt log-probs of
-    # two requests in one engine step fail in einsum, of one request they work. One at a time, then
-    # (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit[True]).
-    parts = [rollout.sync_check(policy, [s], [lp], [m]) for s, lp, m in zip(seqs, lps, masks)]
-    tokens = sum(p["sync/tokens"] for p in parts)
-    return {"sync/max_abs_logprob_gap": max(p["sync/max_abs_logprob_gap"] for p in parts),
-            "sync/mean_abs_logprob_gap": sum(p["sync/mean_abs_logprob_gap"] * p["sync/tokens"] for p in parts) / tokens,
-            "sync/tokens": tokens}
+    return rollout.sync_check(policy, seqs, lps, masks) if seqs else {}
 
 
 def make_env(cfg: Config):
@@ -413,7 +401,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
         t0 = time.time()
         sync_weights(model, policy, cfg, r.out, step + 1)
         t_sync = time.time() - t0
-        gap = sync_gap(model, policy, batch, cfg, r.device) if train_now else {}
+        gap = sync_gap(model, policy, batch, cfg) if train_now else {}
 
         # 7. eval now and then
         t_eval, done = 0.0, step + 1
