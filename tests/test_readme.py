@@ -224,8 +224,10 @@ def test_readme_command(cmd, clone):
         pytest.skip("needs the GPUs and the 8B model it names; the no-GPU check runs on machines without one")
     if cmd.startswith("make "):  # make only adds scripts/setup.sh: the recipe must be a README command
         d, env = clone
-        recipe = subprocess.run(["make", "-n", cmd.split()[1], "PYTHON=python"], cwd=d, env=env,
-                                capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        # under `make test` (CI) the parent make's MAKELEVEL would add "Entering directory" lines
+        env = {k: v for k, v in env.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+        recipe = subprocess.run(["make", "--no-print-directory", "-n", cmd.split()[1], "PYTHON=python"], cwd=d,
+                                env=env, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         assert recipe in RULES and not RULES[recipe].skip, f"{cmd} runs {recipe!r}, which the README does not show"
         return
     r = _run(cmd, clone)
