@@ -69,6 +69,7 @@ class EnvConfig:
     # network where it has one; none; or a docker network name
     build_network: str = "default"         # image builds (Dockerfiles apt-get / pip install)
     agent_network: str = "none"            # the agent's container, for tasks that allow_internet; none = always offline
+    #                                        (tests/test_real_tasks.py::test_build_and_grading_reach_the_registry_the_agent_does_not)
     grading_network: str = "default"       # joined once the agent's processes are gone, by tasks whose tests fetch their runner
     multi_reward: str = "mean"             # Harbor reward.json with several keys and no "reward": mean | min | error
     warm: int = 0                          # containers kept started ahead per container config: a reset then skips
@@ -123,7 +124,8 @@ class EvalConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 5                         # RL steps between checkpoints (and always at the end)
-    keep_last: int = 3                     # checkpoints kept besides step 0 (the SFT-only start, always kept)
+    keep_last: int = 3                     # checkpoints kept besides step 0 (the SFT-only start, always kept:
+    #                                        tests/test_train.py::test_keep_last_keeps_the_sft_only_start)
 
 
 @dataclass
