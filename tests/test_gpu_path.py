@@ -218,7 +218,8 @@ def test_weight_update_mid_generation_restarts_the_turn(plain_engine, tiny_token
     prompt = list(range(60, 80))
     with rollout.Policy(plain_engine, tiny_tokenizer) as policy:
         try:
-            fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=300, seed=5))
+            # 1000 tokens: still generating when the update comes, however fast the machine decodes
+            fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=1000, seed=5))
             assert policy.update_weights(new.named_parameters()) == 1  # the turn in flight was restarted
             c = fut.result(timeout=120)
             assert c.policy_version == 1

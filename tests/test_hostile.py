@@ -193,11 +193,15 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
     task = _task(easy_tasks, 7, **({"disk_mb": cap_mb} if "disk_mb" in E.Task.__dataclass_fields__ else {}))
     with docker_env.reset(task) as term:
         upper = docker_env.client.api.inspect_container(term.id)["GraphDriver"]["Data"]["UpperDir"]
-        r = term.run("for i in 1 2 3; do head -c 150M /dev/zero > /big$i || break; done; echo wrote", timeout=60)
+        # up to 2 GB in 50 MB files: unchecked, all of it lands; with the watchdog the episode ends
+        # one check interval after the cap (DISK_CHECK_S), however fast this machine writes
+        r = term.run("for i in $(seq 40); do head -c 50M /dev/zero > /big$i || break; done; echo wrote", timeout=60)
         time.sleep(E.DISK_CHECK_S * 2 if hasattr(E, "DISK_CHECK_S") else 0)
         used = int(subprocess.run(["du", "-sm", upper], capture_output=True, text=True).stdout.split()[0])
         print(f"disk cap {cap_mb} MiB: the writable layer held {used} MiB when the episode ended")
-        assert used <= cap_mb + 200, used  # bounded: the cap plus what one check interval lets through
+        # the cap plus one check interval of writes at up to ~2 GB/s (an idle machine's page cache);
+        # 229-249 MiB measured on the loaded 2-core machine, 450+ possible on an idle one
+        assert used <= cap_mb + 1000, used
         r = term.run("echo after")
         assert getattr(term, "dead", None) and "disk" in r.output.lower(), r
     _gone(docker_env, term)
