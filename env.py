@@ -1697,9 +1697,12 @@ def _env_kwargs(args) -> dict:
 def _shell_main(args) -> int:
     task = load_task(args.task)
     with Env(**_env_kwargs(args)) as env:
-        image = env.image(task)
+        image = env.image(task)  # on the first live host, where the shell then runs
         net = env._key(task)[4]
-    cmd = ["docker", "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,
+        spec = env._live_host().spec
+    tls = spec.tls and ["--tlsverify", *[f"--tls{k}={spec.tls}/{f}" for k, f in
+                                         [("cacert", "ca.pem"), ("cert", "cert.pem"), ("key", "key.pem")]]]
+    cmd = ["docker", *(["-H", spec.url] if spec.url else []), *(tls or []), "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,
            *[f"-e{k}={v}" for k, v in task.env.items()],
            "--label", f"{LABEL}=1", "--cap-drop", "ALL", *[f"--cap-add={c}" for c in CAPS],
            "--memory", f"{task.memory_mb}m", "--pids-limit", str(task.pids), "-w", task.workdir,

@@ -904,8 +904,8 @@ def _grade_into(traj, term):
 
 def _environment_failed(traj, term, err):
     """An InfraError ended the episode: the row stays but is masked out of training, unless the
-    agent stopped its own container (then it is the agent's failure, reward 0). When the container's
-    container was lost to the infrastructure (its Docker host stopped answering, or Docker stopped
+    agent stopped its own container (then it is the agent's failure, reward 0). When the container
+    was lost to the infrastructure (its Docker host stopped answering, or Docker stopped
     it: env.Terminal.lost) the finish is "sandbox_lost", which collect runs again elsewhere."""
     if isinstance(err, HostDown) or (term is not None and term.lost()):
         traj.finish_reason, traj.valid, traj.reward, traj.error = "sandbox_lost", False, float("nan"), str(err)
@@ -1090,7 +1090,6 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
                 args = (task, policy, env, cfg, k, group_id_start + gi, cancels[gi], rng.randrange(1 << 30), expert)
                 futs[pool.submit(run_episode, *args)] = gi, j, args, 0
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
-        postfix = getattr(env, "hosts_postfix", lambda: "")
         pending = set(futs)
         try:
             while pending:
@@ -1110,7 +1109,7 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
                         continue
                     kept[gi].append((j, traj))
                     bar.update(1)
-                    if hosts := postfix():
+                    if hosts := env.hosts_postfix():
                         bar.set_postfix_str(hosts, refresh=False)
                     if len(kept[gi]) == G:
                         cancels[gi].set()
