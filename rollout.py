@@ -1040,16 +1040,26 @@ def executed_commands(traj) -> list[str]:
             if m["role"] == "assistant" and m.get("tool_call", {}).get("name") == "bash"]
 
 
+def successes(trajectories) -> list[tuple[str, list[str]]]:
+    """(task name, the commands it ran) of each valid success, in order."""
+    return [(t.task_name, executed_commands(t)) for t in trajectories if t.valid and t.reward > 0]
+
+
+def shortest_per_task(pairs) -> dict:
+    """{task name: the commands of its shortest success} over (task name, commands) pairs; the
+    first of equally short ones wins."""
+    best = {}
+    for name, cmds in pairs:
+        if cmds and (name not in best or len(cmds) < len(best[name])):
+            best[name] = cmds
+    return best
+
+
 def refresh_experts(experts: dict, trajectories) -> None:
     """experts[task name] = the commands of this batch's shortest success on that task, the paper's
     refresh of the expert trajectory with the policy's own successes: later prefixes then come
     from what the policy itself does. A task without a success this batch keeps its expert."""
-    best = {}
-    for t in trajectories:
-        cmds = executed_commands(t) if t.valid and t.reward > 0 else []
-        if cmds and (t.task_name not in best or len(cmds) < len(best[t.task_name])):
-            best[t.task_name] = cmds
-    experts.update(best)
+    experts.update(shortest_per_task(successes(trajectories)))
 
 
 def drop_stale(trajectories, current_version, max_staleness):

@@ -5,6 +5,7 @@
     python train.py --config configs/tiny.yaml --dry-run            # check config, tasks, model, docker
     python train.py --config configs/tiny.yaml --resume             # continue from <out_dir>/checkpoints/latest
     torchrun --nproc-per-node 8 train.py --config configs/qwen3-full-8gpu.yaml   # one box, many GPUs
+    torchrun --nnodes 2 --node-rank K --nproc-per-node 8 --master-addr NODE0 --master-port 29500 train.py ...
 
 One RL step, as in ROLL's agentic pipeline (arXiv 2512.24873, §3), is `run`'s loop: rollout (engine
 awake) -> advantages -> engine sleeps -> update in token-budget micro-batches -> sync weights into
@@ -15,8 +16,9 @@ trainer steps: step s's rollouts start once the weights are at most `train.max_s
 behind s, and a weight update restarts the turns in flight, so each turn has one version.
 
 `torchrun --nproc-per-node N train.py ...` gives every rank its own colocated engine and 1/N of
-each step's tasks, with DDP (`train.parallel: ddp`) or FSDP2 (`fsdp`). Beyond one box use a
-distributed RL trainer built for it (alibaba/ROLL, volcengine/verl): this file stops at one node.
+each step's tasks, with DDP (`train.parallel: ddp`) or FSDP2 (`fsdp`); on several nodes
+(`--nnodes`) the same, with out_dir on a filesystem every node shares (distributed.check_shared_dirs).
+Where that stops scaling, and what to move to, is in the README ("Training on several nodes").
 """
 import argparse
 import dataclasses
@@ -151,9 +153,17 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
         raise SystemExit(f"{world} ranks each train on a share of every batch: train.tasks_per_step "
                          f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be >= {world}")
     out = Path(cfg.out_dir)
-    rundir.claim_run_dir(out, resume, restart, move=rank == 0)
-    if world > 1:
-        torch.distributed.barrier()  # rank 0 has moved the old run aside before anyone writes
+    # rank 0 alone looks and moves an old run aside, once for every node; another rank looking
+    # meanwhile could see the directory vanish under it. Every rank then says rank 0's refusal.
+    refusal = None
+    if rank == 0:
+        try:
+            rundir.claim_run_dir(out, resume, restart)
+        except SystemExit as e:
+            refusal = e.code
+    refusal = distributed.from_rank0(refusal, world)  # after it, no one writes before the claim
+    if refusal is not None:
+        raise SystemExit(refusal)
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)  # checkpoints carry numpy's state too: a function of the seed, like the others
@@ -166,6 +176,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
                              **{"seed": cfg.seed, **cfg.model.tiny})
     if world > 1:
         torch.distributed.barrier()
+    distributed.check_shared_dirs([out] + ([Path(cfg.model.path)] if cfg.model.build_tiny else []), world)
     learner.check_model_path(cfg)
     ckpt, state = rundir.resume_checkpoint(out / "checkpoints") if resume else (None, {})
     if rank == 0:
@@ -300,6 +311,18 @@ def next_rollout(r: Run, policy, step: int, produced: queue.Queue | None):
     return tasks, trajs, 0, t_roll, t_gen
 
 
+def share_experts(r: Run, trajs):
+    """Refresh every rank's experts from every rank's successes (rollout.refresh_expert): each rank
+    rolled out only its share of the tasks, and the checkpoint keeps rank 0's dict, so a resume
+    would otherwise lose what the other ranks learnt (tests/test_train.py::
+    test_torchrun_two_ranks_move_in_step_and_resume_exactly). Equally short successes: the lower
+    rank's wins, on every rank alike. Collective: the loop calls it, not the async producer, whose
+    collectives would interleave with the trainer's."""
+    if r.world > 1 and r.rcfg.refresh_expert:
+        pairs = [p for part in distributed.gather(rollout.successes(trajs), r.world) for p in part]
+        r.experts.update(rollout.shortest_per_task(pairs))
+
+
 def episode_stats(trajs, world: int) -> tuple[float, float, bool]:
     """(mean reward, success rate, whether to update) over every rank's valid episodes. Every rank
     updates or none does (collectives); a rank with no valid trajectory has no batch."""
@@ -377,6 +400,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
         # 1. rollout (engine awake)
         tasks, trajs, n_stale, t_roll, t_gen = next_rollout(r, policy, step, produced)
         rollout.write_jsonl(trajs, traj_file)
+        share_experts(r, trajs)
         reward, success, train_now = episode_stats(trajs, world)
 
         # 2. advantages, 3. engine sleeps, 4. update in token-budget micro-batches
