@@ -40,6 +40,7 @@ from transformers import AutoTokenizer
 import algo
 import distributed
 import env
+import hosts
 import learner
 import rollout
 import sft
@@ -450,7 +451,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
                "time/step": time.time() - t_step,  # wall clock; async mode hides rollout time behind training
                **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()},
-               **rank_times(world, trajs, t_roll, t_train)}
+               **rank_times(world, trajs, t_roll, t_train), **r.env.host_stats()}
         if rank == 0:
             log.log(rec)
 
@@ -461,7 +462,8 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
             checkpoint(r, done, opt, sched)
         t_ckpt = time.time() - t0  # logged with the next step
         bar.set_postfix(reward=f"{reward:.2f}", success=f"{success:.0%}",
-                        eval="-" if eval_succ is None else f"{eval_succ:.0%}")
+                        eval="-" if eval_succ is None else f"{eval_succ:.0%}",
+                        **({"hosts": hp} if (hp := r.env.hosts_postfix()) else {}))
     stop.set()
     policy.close()
     r.env.close()
@@ -499,6 +501,13 @@ def dry_run(cfg: Config) -> int:
             except docker.errors.ImageNotFound:
                 problems.append(f"docker image {img} missing (build it: docker build -t {img} tasks/base)")
         print(f"docker: reachable, {len(images)} base image(s) checked")
+        for spec in cfg.env.hosts:  # each sandbox host: an authenticated transport, answering
+            try:
+                h = hosts.parse_host(spec)
+                hosts.connect(docker, h, hosts.PROBE_TIMEOUT_S).ping()
+                print(f"docker host {h.name}: reachable")
+            except Exception as e:
+                problems.append(f"docker host {spec}: {e}")
     except Exception as e:
         problems.append(f"docker: not reachable ({type(e).__name__}: {e}); start dockerd")
     print(f"device: {device}; engine: {cfg.engine.kind}; {'LoRA' if cfg.model.lora else 'full'} fine-tuning; "
