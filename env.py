@@ -1394,7 +1394,12 @@ class Env:
     def _key(self, task: Task) -> tuple:
         net = self.agent_network if task.allow_internet else "none"
         return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir,
-                tuple(sorted(task.env.items())), task.disk_mb)
+                tuple(sorted(task.env.items())), task.disk_mb, tuple(sorted(task.host_labels)))
+
+    @staticmethod
+    def _fits(h: Host, key: tuple) -> bool:
+        """Whether h has every label the task of key needs (Task.host_labels)."""
+        return set(key[8]) <= set(h.spec.labels)
 
     def _room(self, h: Host) -> bool:
         """Whether h can take one more container now (call with lock held); a full host gives up a
@@ -1411,17 +1416,22 @@ class Env:
             threading.Thread(target=victim.close, daemon=True).start()
         return False
 
-    def _place(self) -> Host:
-        """Reserve room on the least loaded live host (waits for some; HostsDown when none answers)."""
+    def _place(self, key: tuple) -> Host:
+        """Reserve room on the least loaded live host with the labels key needs (waits for one;
+        HostsDown when none of them answers)."""
+        fit = [h for h in self._hosts.hosts if self._fits(h, key)]
+        if not fit:
+            raise InfraError(f"the task needs Docker host labels {list(key[8])}; no host in env.hosts has them all "
+                             f"({', '.join(f'{h.name}: {h.spec.labels}' for h in self._hosts.hosts)})")
         with self._lock:
             if self._closed or _SHUTDOWN.is_set():
                 raise InfraError("Env is closed" if self._closed else "shutting down (SIGINT/SIGTERM)")
-            return self._hosts.place(self._room)
+            return self._hosts.place(self._room, fit)
 
     def _start(self, key: tuple, host: Host) -> Terminal:
         """A new container for key on host, where room was reserved (released if this fails). HostDown
         when the host stopped answering."""
-        image, memory_mb, cpus, pids, net, workdir, variables, disk_mb = key
+        image, memory_mb, cpus, pids, net, workdir, variables, disk_mb, _ = key
         client, t0 = host.client, time.monotonic()
         with host.starts_gate:
             try:
@@ -1481,7 +1491,7 @@ class Env:
         """_start on the least loaded live host, again elsewhere while a host fails (HostsDown when none is left)."""
         while True:
             try:
-                return self._start(key, self._place())
+                return self._start(key, self._place(key))
             except HostDown:
                 continue
 
@@ -1524,7 +1534,7 @@ class Env:
         """(config, host) of a warm pool short of `warm` containers on a live host with room, or None."""
         for k, v in self._pool.items():
             for h in self._hosts.hosts:
-                if h.free() and sum(t.host is h for t in v) + self._starting[k, h.name] < self.warm:
+                if h.free() and self._fits(h, k) and sum(t.host is h for t in v) + self._starting[k, h.name] < self.warm:
                     return k, h
         return None
 
@@ -1540,7 +1550,7 @@ class Env:
             end = time.monotonic() + timeout
             while wait and self.warm and any(
                     sum(t.host is h for t in self._pool.get(k, [])) < self.warm
-                    for k in keys for h in self._hosts.hosts if h.free()):
+                    for k in keys for h in self._hosts.hosts if h.free() and self._fits(h, k)):
                 if time.monotonic() > end:
                     break
                 self._lock.wait(0.2)

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+import hosts
+
 ROOT = Path(__file__).resolve().parent
 
 # -----------------------------------------------------------------------------------------------
@@ -777,7 +779,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         {"run": cmd_run, "curate": cmd_curate, "behaviour": cmd_behaviour}[args.cmd](args)
-    except (ValueError, FileNotFoundError) as e:  # bad input: say what and how to fix, no trace
+    except (ValueError, FileNotFoundError, hosts.HostsDown) as e:  # bad input, or no sandbox host left: no trace
         sys.exit(f"evaluate.py {args.cmd}: {e}")
 
 

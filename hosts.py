@@ -161,13 +161,14 @@ class HostPool:
         self.hosts, self.lock, self.down_wait_s = hosts, lock, down_wait_s
         self.events: list[tuple[float, str, str]] = []  # (time.time(), host, "drained: why" | "rejoined")
 
-    def place(self, ok=lambda h: True) -> Host:
-        """The least loaded live host with room (call with lock held; waits for one). ok(h) may make
-        room on h (e.g. by evicting a pooled container) and says whether h can take one now.
-        HostsDown when none answered for down_wait_s."""
+    def place(self, ok=lambda h: True, among: list | None = None) -> Host:
+        """The least loaded live host of `among` (default: all) with room (call with lock held; waits
+        for one). ok(h) may make room on h (e.g. by evicting a pooled container) and says whether h
+        can take one now. HostsDown when none of them answered for down_wait_s."""
+        among = self.hosts if among is None else among
         while True:
-            self._fail_if_all_down()
-            for h in sorted((h for h in self.hosts if h.up), key=lambda h: h.load()):
+            self._fail_if_all_down(among)
+            for h in sorted((h for h in among if h.up), key=lambda h: h.load()):
                 if ok(h):
                     h.running += 1
                     return h
@@ -181,13 +182,15 @@ class HostPool:
                 return up[0]
             self.lock.wait(0.5)
 
-    def _fail_if_all_down(self):
-        if any(h.up for h in self.hosts):
+    def _fail_if_all_down(self, among: list | None = None):
+        among = self.hosts if among is None else among
+        if any(h.up for h in among):
             return
-        since = max(h.down_since or 0.0 for h in self.hosts)
+        since = max(h.down_since or 0.0 for h in among)
         if time.monotonic() - since > self.down_wait_s:
-            raise HostsDown(f"every Docker host has stopped answering for over {self.down_wait_s:g} s ("
-                            + "; ".join(f"{h.name}: {h.why}" for h in self.hosts)
+            raise HostsDown(f"every Docker host{' with the labels needed' if among != self.hosts else ''} has "
+                            f"stopped answering for over {self.down_wait_s:g} s ("
+                            + "; ".join(f"{h.name}: {h.why}" for h in among)
                             + "); restart the daemons, or raise env.hosts_down_wait_s")
 
     def release(self, h: Host):

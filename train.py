@@ -536,7 +536,10 @@ def main(argv=None):
             raise SystemExit(f"config error: {e}")
         if a.dry_run:
             raise SystemExit(dry_run(cfg))
-        run(cfg, resume=a.resume, restart=a.restart)
+        try:
+            run(cfg, resume=a.resume, restart=a.restart)
+        except hosts.HostsDown as e:  # every sandbox host silent: the last checkpoint is where --resume starts
+            raise SystemExit(f"stopped: {e}; then resume with --resume")
 
 
 if __name__ == "__main__":

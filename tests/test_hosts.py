@@ -4,8 +4,10 @@ answering drained and its episodes run again elsewhere, a restarted daemon rejoi
 The second host is a second dockerd on this machine (scripts/second_dockerd.py), started and removed
 by the module fixture; the primary daemon (/var/run/docker.sock) is never stopped.
 """
+import dataclasses
 import logging
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -17,6 +19,7 @@ import pytest
 import env as E
 import hosts as H
 import rollout as R
+import tasks as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from second_dockerd import Dockerd  # noqa: E402
@@ -54,13 +57,33 @@ def test_plain_tcp_is_refused_with_how_to_fix(tmp_path):
     assert H.parse_host("ssh://me@box3,capacity=4,labels=a:b").labels == ["a", "b"]
     with pytest.raises(ValueError, match="capacity must be a whole number"):
         H.parse_host("ssh://me@box3,capacity=lots")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "env.py"), "validate", str(root / "tests" / "fixtures"),
+                        "--docker-host", "tcp://box2:2375"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "plain TCP is refused" in r.stderr, r.stderr[-500:]
+
+
+def test_task_host_labels_are_read_from_both_layouts(tmp_path):
+    """Bug guard: a task's host_labels (TB1 task.yaml, TB2 [environment]) must reach Task.host_labels,
+    and a label that is not a list of names must be a task error, not a silent any-host task."""
+    fixtures = Path(__file__).parent / "fixtures"
+    tb1, tb2 = tmp_path / "tb1", tmp_path / "tb2"
+    shutil.copytree(fixtures / "tb1-hello", tb1)
+    shutil.copytree(fixtures / "tb2-partial", tb2)
+    with open(tb2 / "task.toml", "a") as f:
+        f.write('host_labels = ["arm64", "big"]\n')  # the last table of the file is [environment]
+    assert T.load_task(tb2).host_labels == ["arm64", "big"]
+    (tb1 / "task.yaml").write_text((tb1 / "task.yaml").read_text() + "\nhost_labels: arm64\n")
+    with pytest.raises(T.TaskError, match="host_labels must be a list of label names"):
+        T.load_task(tb1)
 
 
 def test_episodes_spread_over_both_hosts_by_capacity(second, easy_tasks):
     """Bug guard: containers must go to the least loaded host with room and never past a host's
-    capacity; a reset with every host full waits for room instead of overfilling one. The second
-    daemon starts without termrl's base image: Env loads it there from the first (docker save | load)."""
-    with E.Env(hosts=[f"{MAIN},capacity=2,name=main", f"{second.url},capacity=4,name=second"]) as env:
+    capacity; a reset with every host full waits for room instead of overfilling one; a task's
+    host_labels send it only to hosts with those labels. The second daemon starts without termrl's
+    base image: Env loads it there from the first (docker save | load)."""
+    with E.Env(hosts=[f"{MAIN},capacity=2,name=main", f"{second.url},capacity=4,name=second,labels=big"]) as env:
         main, sec = env._hosts.hosts
         with ThreadPoolExecutor(6) as pool:
             terms = list(pool.map(env.reset, easy_tasks[:6]))
@@ -81,6 +104,10 @@ def test_episodes_spread_over_both_hosts_by_capacity(second, easy_tasks):
         for t in terms + [t7]:
             t.close()
         assert (main.running, sec.running) == (0, 0)
+        with env.reset(dataclasses.replace(easy_tasks[7], host_labels=["big"])) as t:
+            assert t.host is sec  # though main is as empty
+        with pytest.raises(E.InfraError, match=r"needs Docker host labels \['gpu'\]; no host in env.hosts has them"):
+            env.reset(dataclasses.replace(easy_tasks[7], host_labels=["gpu"]))
         assert not own(main.client, env._token) and not own(sec.client, env._token)
 
 
