@@ -67,6 +67,14 @@ def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
     return out
 
 
+def rank_share(items: list, rank: int, world: int) -> tuple[list, int]:
+    """(this rank's share of `items`: every world-th from `rank`, how many the lower ranks hold). Its
+    group ids start at that count, so no two ranks' groups share an id, nor the sampling seeds that
+    rollout.collect draws from a stream keyed by it
+    (tests/test_train.py::test_torchrun_two_ranks_move_in_step_and_resume_exactly)."""
+    return items[rank::world], sum(len(items[q::world]) for q in range(rank))
+
+
 # -----------------------------------------------------------------------------------------------
 # engine, weight sync, sync check, Docker
 
@@ -268,9 +276,10 @@ def start_policy(r: Run, version: int) -> rollout.Policy:
 def rollout_step(r: Run, policy, step: int):
     """Step `step`'s episodes on this rank: (step, all ranks' tasks, trajectories, seconds, generation seconds)."""
     tasks = step_tasks(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)  # logged whole; this rank's share:
+    mine, before = rank_share(tasks, r.rank, r.world)
     g0, t0 = policy.gen_busy_s, time.time()
-    trajs = rollout.collect(tasks[r.rank::r.world], policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,
-                            group_id_start=step * r.cfg.train.tasks_per_step, progress=False, experts=r.experts)
+    trajs = rollout.collect(mine, policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,
+                            group_id_start=step * r.cfg.train.tasks_per_step + before, progress=False, experts=r.experts)
     return step, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
 
 
@@ -339,8 +348,9 @@ def heldout_eval(r: Run, policy, step: int) -> tuple[float, float]:
     t0, cfg = time.time(), r.cfg
     ecfg = dataclasses.replace(r.rcfg, temperature=cfg.eval.temperature, prefill_prob=0.0,
                                group_redundancy=0, max_staleness=None)
-    trajs = rollout.collect(r.eval_tasks[r.rank::r.world], policy, r.env, ecfg, group_size=cfg.eval.samples,
-                            group_id_start=10 ** 6, progress=False)
+    mine, before = rank_share(r.eval_tasks, r.rank, r.world)
+    trajs = rollout.collect(mine, policy, r.env, ecfg, group_size=cfg.eval.samples, group_id_start=10 ** 6 + before,
+                            progress=False)
     valid = [t for t in trajs if t.valid]
     succ = distributed.all_mean([sum(t.reward > 0 for t in valid) / max(1, len(valid))], r.world, len(valid))[0]
     rollout.write_jsonl(trajs, r.out / (f"eval_trajectories.rank{r.rank}.jsonl" if r.world > 1 else "eval_trajectories.jsonl"))

@@ -672,9 +672,10 @@ def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, nodes, tin
     optimizer, RNG, experts). Catches: a missed gradient all-reduce / reduce-scatter (the ranks
     drift apart, by less than the (sum, sum²) fingerprint could see), an RL update that never
     reaches the weights, a resume under torchrun that loses the (sharded) optimizer state or the
-    RNG states, a --restart that moves the old run aside more than once (every node's rank), and
+    RNG states, a --restart that moves the old run aside more than once (every node's rank),
     experts refreshed by each rank from its own share alone (the checkpoint held rank 0's: the
-    other ranks' successes were lost at a resume)."""
+    other ranks' successes were lost at a resume), and ranks that share group ids and so sampling
+    seeds."""
     import shutil
     from transformers import AutoModelForCausalLM
     model = tmp_path / "tiny"
@@ -718,6 +719,11 @@ def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, nodes, tin
         solved = {r["task_name"] for r in rows if r["valid"] and (r["reward"] or 0) > 0 and r["policy_version"] < step}
         assert set(experts) == solved, (step, sorted(experts), sorted(solved))
     assert len({r["task_name"] for r in rows if (r["reward"] or 0) > 0}) >= 2  # else the check above says little
+    # a group id names one task across all ranks (bug: every rank numbered its share from the same
+    # id, so its sampling seeds, drawn from a stream keyed by that id, were the other ranks' too)
+    task_of = {}
+    for r in rows:
+        assert task_of.setdefault((r["policy_version"], r["group_id"]), r["task_name"]) == r["task_name"], r["group_id"]
 
 
 @pytest.mark.slow
