@@ -44,6 +44,7 @@ FLOOD_LIMIT = 32 << 20      # a command that streams more than this is killed li
 INLINE_TESTS_MAX = 48 << 10  # tests up to this tar size go in on the grading command line (argv <= 128 KiB)
 _NOT_INSTALLED = "__termrl_tests_not_installed__"
 FILE_SIZE_LIMIT = 1 << 30   # RLIMIT_FSIZE in containers: one runaway `yes > f` cannot fill the host disk
+CONTAINER_CALL_TIMEOUT_S = 60  # the Docker client's timeout for calls about one container (not builds)
 DISK_CHECK_S = 0.5          # the disk watchdog's period, where the storage driver has no quota (README "Disk cap")
 SESSION_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "DEBIAN_FRONTEND": "noninteractive", "TERM": "dumb"}
 
@@ -363,6 +364,7 @@ class Terminal:
         host = self._procs()
         if host is not None:  # local daemon: freeze the container so nothing forks while we kill
             with contextlib.suppress(Exception):
+                self._check_host()  # no call to a drained daemon: it may hang until the client's timeout
                 api.pause_container(self.id)
             try:
                 for hpid, nspid in (self._procs() or {}).items():
@@ -373,6 +375,7 @@ class Terminal:
                             os.kill(hpid, signal.SIGKILL)
             finally:
                 with contextlib.suppress(Exception):
+                    self._check_host()
                     api.unpause_container(self.id)
             if not shell_too:
                 return True
@@ -391,6 +394,8 @@ class Terminal:
         return True
 
     def _alive(self) -> bool:
+        if not self.host_ok():  # drained: no call that may hang
+            return False
         with contextlib.suppress(Exception):
             return bool(self.client.api.inspect_container(self.id)["State"]["Running"])
         return False
@@ -405,6 +410,7 @@ class Terminal:
         self._socks, self._relays = [], set()
         if self.dead:
             return False
+        self._check_host()
         try:
             if not self._kill_command(self._floor, shell_too=True):
                 raise InfraError(f"container {self.id[:12]}: processes survived SIGKILL")
@@ -1244,7 +1250,10 @@ class Env:
         """Clients for h and what this Env needs to know of its daemon; None, or why it failed."""
         try:
             if h.client is None:
-                h.client = connect(self._docker, h.spec, 600)
+                h.client = connect(self._docker, h.spec, 600)  # builds and image loads take minutes
+                # container calls take seconds: a daemon that hangs (not refuses) holds an episode's
+                # call in flight this long at most, not 600 s (the drain ends its later ones at once)
+                h.ops = connect(self._docker, h.spec, CONTAINER_CALL_TIMEOUT_S)
                 h.probe = connect(self._docker, h.spec, PROBE_TIMEOUT_S)
                 h.starts_gate = threading.Semaphore(self._max_starts)
             h.probe.ping()
@@ -1432,7 +1441,7 @@ class Env:
         """A new container for key on host, where room was reserved (released if this fails). HostDown
         when the host stopped answering."""
         image, memory_mb, cpus, pids, net, workdir, variables, disk_mb, _ = key
-        client, t0 = host.client, time.monotonic()
+        client, t0 = host.ops, time.monotonic()
         with host.starts_gate:
             try:
                 if _SHUTDOWN.is_set():

@@ -127,7 +127,7 @@ class Host:
 
     def __init__(self, spec: HostSpec):
         self.spec, self.name = spec, spec.name
-        self.client = self.probe = None  # docker clients: for work (long timeout), for pings (short)
+        self.client = self.ops = self.probe = None  # docker clients: images (long timeout), containers, pings
         self.starts_gate = None          # at most env's max_concurrent_starts container starts at once
         self.networks: set[str] = set()
         self.images: dict[str, str] = {}

@@ -5,10 +5,13 @@ rates on one Docker host and on two (the second a dockerd beside the first, scri
 
     python bench/bench_env.py [--commands 300] [--resets 10]
     python bench/bench_env.py --hosts 1 2 [--episodes 24] [--threads 8]
+    python bench/bench_env.py --hang    # a second daemon that hangs (SIGSTOP) mid-rollout: the timeline
 """
 import argparse
 import dataclasses
 import os
+import signal
+import threading
 import statistics
 import subprocess
 import sys
@@ -83,6 +86,40 @@ def bench_hosts(args):
           "(both daemons of the 2-host rows share this machine)")
 
 
+def bench_hang():
+    """Timeline of a rollout whose second host hangs (SIGSTOP: no refusal, no answer) mid-command."""
+    import rollout as R  # costly (torch): only this mode needs episodes
+    import tiny
+    tok = tiny.train_tokenizer(tiny.default_corpus(), 4096)
+    second, t0, marks = Dockerd().start(), time.time(), []
+    try:
+        with E.Env(hosts=["unix:///var/run/docker.sock,capacity=2,name=main", f"{second.url},capacity=2,name=second"]) as env, \
+                R.ScriptedPolicy(tok, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
+            sec, out = env._hosts.hosts[1], {}
+            cfg = R.RolloutConfig(max_turns=4, num_workers=4, group_size=1, command_timeout_s=5)
+            th = threading.Thread(target=lambda: out.update(t=R.collect(T.generate_easy_tasks(4), policy, env, cfg,
+                                                                          progress=False)))
+            th.start()
+            while sum(t.host is sec and t.task is not None and not t.closed for t in list(env._terms)) < 2:
+                time.sleep(0.05)
+            time.sleep(1.0)
+            marks.append((time.time(), "SIGSTOP to the second dockerd (2 episodes run there)"))
+            os.kill(second.proc.pid, signal.SIGSTOP)
+            th.join()
+            marks.append((time.time(), "collect returned: " + ", ".join(t.finish_reason for t in out["t"])))
+            os.kill(second.proc.pid, signal.SIGCONT)
+            marks.append((time.time(), "SIGCONT"))
+            while not sec.up:
+                time.sleep(0.1)
+            marks += [(t, f"Env: host {name} {what[:90]}") for t, name, what in env._hosts.events]
+    finally:
+        os.kill(second.proc.pid, signal.SIGCONT)
+        second.remove()
+    for t, what in sorted(marks):
+        print(f"{t - t0:7.2f}  {what}")
+    print(f"load average {os.getloadavg()[0]:.1f}; episodes running it again log a line each above (termrl.rollout)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--commands", type=int, default=300)
@@ -91,7 +128,10 @@ def main():
                     help="start and reset rates on 1 and/or 2 Docker hosts (the second started here)")
     ap.add_argument("--episodes", type=int, default=24, help="--hosts: containers per measurement")
     ap.add_argument("--threads", type=int, default=8, help="--hosts: resets at once")
+    ap.add_argument("--hang", action="store_true", help="the timeline of a second host that hangs mid-rollout")
     args = ap.parse_args()
+    if args.hang:
+        return bench_hang()
     if args.hosts:
         return bench_hosts(args)
     task = T.generate_easy_tasks(1)[0]
