@@ -72,15 +72,26 @@ def _proc_start(pid: int) -> str:
         return ""
 
 
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "unknown"
+
+
 def _owner_labels() -> dict:
     return {LABEL: "1", f"{LABEL}.pid": str(os.getpid()), f"{LABEL}.pidstart": _proc_start(os.getpid()),
-            f"{LABEL}.host": socket.gethostname(), f"{LABEL}.boot": _boot_id()}
+            f"{LABEL}.host": socket.gethostname(), f"{LABEL}.boot": _boot_id(), f"{LABEL}.pidns": _pid_namespace()}
 
 
 def _is_stale(labels: dict) -> bool:
     """A container is stale when the process that created it (on this machine) no longer exists."""
     if labels.get(f"{LABEL}.host") != socket.gethostname():
         return False  # another machine shares this daemon; its containers are not ours to judge
+    if labels.get(f"{LABEL}.pidns", _pid_namespace()) != _pid_namespace():
+        # a container beside us with the host's name (host networking), e.g. another node's trainer:
+        # its pids are not ours to look up (tests/test_env.py::test_sweep_spares_live_containers_of_another_pid_namespace)
+        return False
     if labels.get(f"{LABEL}.boot") != _boot_id():
         return True
     try:

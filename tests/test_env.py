@@ -292,6 +292,31 @@ def test_killed_parent_leaves_nothing_after_next_start(docker_env, easy_tasks):
         child.kill()
 
 
+def test_sweep_spares_live_containers_of_another_pid_namespace(docker_env):
+    """Bug: two nodes' trainers in containers that share the host's hostname (host networking) and
+    its Docker daemon, each in its own pid namespace: each saw the other's pids as dead (or as
+    another process), so the first sweep removed the other node's live containers. Here the other
+    node is a process in a new pid namespace (`unshare`); it creates a container and lives on."""
+    if subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode:
+        pytest.skip("unshare --pid is not permitted here (needs root or CAP_SYS_ADMIN)")
+    code = ("import sys, time; sys.path.insert(0, %r); import docker, env as E, tasks as T;"  # no Env(): no sweep there
+            "c = docker.from_env().containers.create(T.BASE_IMAGE, 'true', labels=E._owner_labels());"
+            "print(c.id, flush=True); time.sleep(600)" % str(ROOT))
+    child = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", code],
+                             stdout=subprocess.PIPE, text=True)
+    client, cid = docker_env.client, ""
+    try:
+        cid = child.stdout.readline().strip()
+        assert cid, "child did not create a container"
+        E.sweep_stale(client)
+        assert client.api.containers(all=True, filters={"id": cid}), "the sweep removed a live process's container"
+    finally:
+        child.kill()
+        child.wait(30)
+        if cid:
+            E._remove(client, cid)
+
+
 def test_validate_cli_table_and_json(tmp_path):
     out = tmp_path / "v.json"
     r = subprocess.run([sys.executable, str(ROOT / "env.py"), "validate", str(FIXTURE_TASKS), "--k", "2",
