@@ -45,7 +45,7 @@ import algo  # noqa: E402
 import config  # noqa: E402
 import learner  # noqa: E402
 import rollout  # noqa: E402
-from bench_train import scripted_batch  # noqa: E402  (bench/ is this script's directory)
+from bench_train import bare_backward, scripted_batch  # noqa: E402  (bench/ is this script's directory)
 
 
 def load() -> str:
@@ -182,14 +182,9 @@ def trainer(cfg, batch, batch_no_tools, repeats: int, warmup: bool, lora: bool):
         lengths = batch.attention_mask.sum(1).tolist()
         groups = learner.pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
 
-        def bare():  # what a hand-written transformers loop does with the same micro-batches
+        def bare():
             bare_opt.zero_grad(set_to_none=True)
-            for rows in groups:
-                mb, _ = learner.select_rows(batch, rows)
-                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-                loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
-                                                         mb.input_ids[:, 1:].flatten(), reduction="sum")
-                loss.backward()
+            bare_backward(model, batch, groups)
             bare_opt.step()
 
         def ours(b=batch):

@@ -75,8 +75,20 @@ def scripted_batch(cfg, tok, n_tasks: int = 16, group_size: int = 2):
     return learner.select_rows(batch, rows)[0], len(trajs)  # the same tokens for both timings
 
 
-def throughput(cfg, repeats: int):
+def bare_backward(model, batch, groups):
+    """What a hand-written transformers loop does with the same micro-batches: full logits,
+    cross-entropy on every next token, loss.backward()."""
     import torch
+    import learner
+    for rows in groups:
+        mb, _ = learner.select_rows(batch, rows)
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
+                                                 mb.input_ids[:, 1:].flatten(), reduction="sum")
+        loss.backward()
+
+
+def throughput(cfg, repeats: int):
     from transformers import AutoTokenizer
     import algo
     import config
@@ -96,12 +108,7 @@ def throughput(cfg, repeats: int):
     opt, sched = learner.make_optimizer(model, 1e-5, 0.0, [0.9, 0.999], 0, 100, "constant")
 
     def bare():
-        for rows in groups:
-            mb, _ = learner.select_rows(batch, rows)
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
-                                                     mb.input_ids[:, 1:].flatten(), reduction="sum")
-            loss.backward()
+        bare_backward(model, batch, groups)
         model.zero_grad(set_to_none=True)
 
     def ours():
