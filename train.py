@@ -507,7 +507,7 @@ def dry_run(cfg: Config) -> int:
                 hosts.connect(docker, h, hosts.PROBE_TIMEOUT_S).ping()
                 print(f"docker host {h.name}: reachable")
             except Exception as e:
-                problems.append(f"docker host {spec}: {e}")
+                problems.append(str(e) if isinstance(e, ValueError) else f"docker host {spec}: not reachable ({e})")
     except Exception as e:
         problems.append(f"docker: not reachable ({type(e).__name__}: {e}); start dockerd")
     print(f"device: {device}; engine: {cfg.engine.kind}; {'LoRA' if cfg.model.lora else 'full'} fine-tuning; "
