@@ -74,6 +74,9 @@ class EnvConfig:
     multi_reward: str = "mean"             # Harbor reward.json with several keys and no "reward": mean | min | error
     warm: int = 0                          # containers kept started ahead per container config: a reset then skips
     #                                        the container start (bench/bench_env.py: cold vs warm reset)
+    hosts: list = field(default_factory=list)  # Docker hosts for the sandboxes, "URL[,capacity=N][,labels=a:b][,tls=DIR]"
+    #                                        each (README "Sandboxes on several Docker hosts"); [] = DOCKER_HOST's daemon alone
+    hosts_down_wait_s: float = 120.0       # every host silent this long: the run stops (one down host never stops it)
 
 
 @dataclass

@@ -1,28 +1,36 @@
-"""One box, many GPUs: what train.py needs under torchrun (DDP or FSDP2), kept apart so the loop
-stays readable. Every function is a no-op or the identity for a single process.
+"""Many GPUs, on one box or several: what train.py needs under torchrun (DDP or FSDP2), kept apart
+so the loop stays readable. Every function is a no-op or the identity for a single process.
 
     torchrun --nproc-per-node 8 train.py --config configs/qwen3-full-8gpu.yaml
+    torchrun --nnodes 2 --node-rank K --nproc-per-node 8 --master-addr NODE0 --master-port 29500 train.py ...
+
+RANK (0..world-1) decides what exists once per run: the run directory's files, checkpoints, logs.
+LOCAL_RANK (0..per-node-1) decides what exists once per machine: the GPU a rank uses, its engine's
+placement, the copy of an error printed to that node's log.
 """
 import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 
 
 @contextlib.contextmanager
 def error_said_once():
-    """A set-up error every rank meets alike (no GPU, a bad key, no Docker) is printed by rank 0
-    alone; the other ranks exit with the same status, silently. Eight copies of one line above
-    torchrun's own failure report hid the line: tests/test_readme.py runs the README's torchrun
-    command on a machine without GPUs and counts it."""
+    """A set-up error every rank meets alike (no GPU, a bad key, no Docker) is printed once per
+    node, by its local rank 0; the node's other ranks exit with the same status, silently. Eight
+    copies of one line above torchrun's own failure report hid the line: tests/test_readme.py runs
+    the README's torchrun commands (one node, and two nodes) on a machine without GPUs and counts
+    it in each node's output."""
     try:
         yield
     except SystemExit as e:
-        if not isinstance(e.code, str) or int(os.environ.get("RANK", "0")) == 0:
+        if not isinstance(e.code, str) or int(os.environ.get("LOCAL_RANK", "0")) == 0:
             raise
-        # rank 0 meets the same error and fails, and torchrun then stops this rank: that SIGTERM
-        # ends it quietly (exit 0), so torchrun's report names rank 0 alone. A rank whose error
-        # rank 0 did not share is not stopped, and says it after the wait.
+        # this node's local rank 0 meets the same error and fails, and this node's torchrun then
+        # stops this rank: that SIGTERM ends it quietly (exit 0), so torchrun's report names local
+        # rank 0 alone (another node's torchrun cannot stop it: RANK 0 would not do). A rank whose
+        # error its local rank 0 did not share is not stopped, and says it after the wait.
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
         time.sleep(30)
         raise
@@ -92,6 +100,36 @@ def init_distributed(device: str) -> tuple[int, int]:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size()
+
+
+def check_shared_dirs(paths: list, world: int):
+    """Stop every rank unless every rank sees the same `paths` (one filesystem, e.g. NFS, mounted on
+    every node): rank 0 alone moves an old run aside, builds the tiny model and writes the
+    checkpoints that every rank's engine and --resume then read; a node with its own copy of the
+    directory would find them missing or stale
+    (tests/test_train.py::test_nodes_that_see_different_run_dirs_stop_at_once). Rank 0 writes a
+    probe with a fresh name into each; every rank looks for it. Collective."""
+    if world == 1:
+        return
+    import secrets
+    import socket
+    import torch.distributed as dist
+    name = from_rank0(f".probe-{secrets.token_hex(8)}", world)
+    if dist.get_rank() == 0:
+        for p in paths:
+            (Path(p) / name).write_text("")
+    dist.barrier()
+    seen = gather((socket.gethostname(), [(str(p), (Path(p) / name).exists()) for p in paths]), world)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        for p in paths:
+            (Path(p) / name).unlink()
+    blind = [f"rank {r} on {host}: {p} does not hold what rank 0 wrote in {p0}"
+             for r, (host, looked) in enumerate(seen) for (p, ok), (p0, _) in zip(looked, seen[0][1]) if not ok]
+    if blind:
+        raise SystemExit("the ranks do not share a filesystem (" + "; ".join(blind) + "). Put out_dir (and "
+                         "model.path with model.build_tiny) on a filesystem every node mounts at the same path, "
+                         "e.g. NFS.")
 
 
 def engine_launch_kwargs() -> dict:

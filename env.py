@@ -33,6 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hosts import CHECK_EVERY_S, PROBE_TIMEOUT_S, Host, HostPool, HostsDown, connect, parse_host
 from tasks import Task, TaskError, generate_easy_tasks, load_task, oracle_commands, task_dirs
 
 LABEL = "termrl"  # every container and image we create carries this label
@@ -53,6 +54,11 @@ class InfraError(RuntimeError):
 
 class BuildError(InfraError):
     """The task's own Dockerfile failed to build: a defect of the task (validate says so), no episode runs."""
+
+
+class HostDown(InfraError):
+    """The episode's Docker host stopped answering and was drained: neither the agent's fault nor the
+    task's, so rollout.collect runs the episode again elsewhere (tests/test_hosts.py)."""
 
 
 # --- Container bookkeeping: labels, the registry of live containers, cleanup on every kind of exit ---
@@ -262,15 +268,20 @@ class Terminal:
     one is no longer read (a job writing more than the pipe holds then blocks, as under Ctrl-S).
     A command that ends with the container at its pid limit (a fork bomb) ends every background job."""
 
-    def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP):
+    def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP, host: Host | None = None):
         self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
+        self.host, self._epoch = host, host.epoch if host else 0  # a drain after this start loses the container
         self.task: Task | None = None
         self.closed = False
         self.dead: str | None = None
         self.disk_cap_mb = 0  # set by Env when the watchdog (not a storage quota) keeps the disk cap
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
-        self._cgroup = _cgroup_dirs(self._host_pid, container_id)  # {} unless the daemon is local
+        # Host-side work (/proc, cgroups, signals, the overlay dirs) only when State.Pid is this container's
+        # init on THIS machine: a daemon elsewhere reports a pid of its machine, which here is an unrelated
+        # process. Else the Docker API's slower ways (docs/grading-integrity.md; tests/test_hosts.py).
+        self.local = (host is None or host.host_side) and _names_container(self._host_pid, container_id)
+        self._cgroup = _cgroup_dirs(self._host_pid, container_id) if self.local else {}
         self._pids_max = _cgroup_read(self._cgroup, "pids", "pids.max")
         self._pids_hits = self._pid_limit_hits()
         self.env, self.multi_reward = None, "mean"  # set by Env: a fresh container to recheck a harness on
@@ -284,7 +295,7 @@ class Terminal:
 
     # -- session plumbing ----------------------------------------------------------------------
     def _start_session(self):
-        if self._cgroup:
+        if self.local:
             _repair_dev_null(self._host_pid)
         ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
                                          stderr=True, tty=False, environment=SESSION_ENV)
@@ -300,7 +311,7 @@ class Terminal:
         self._session_pid = int(pid)
         if not hasattr(self, "_floor"):
             self._floor = self._session_pid - 1  # pids up to here are init and its `sleep`
-        procs = _container_procs(self._host_pid, self._cgroup) or {}
+        procs = self._procs() or {}
         shell = next((h for h, n in procs.items() if n == self._session_pid), None)
         self._out_pipe = _readlink(f"/proc/{shell}/fd/1") if shell else None
         # host pids known not to write to the terminal: init, its sleep, the shell
@@ -343,7 +354,7 @@ class Terminal:
             window += data
 
     def _procs(self) -> dict | None:
-        return _container_procs(self._host_pid, self._cgroup)
+        return _container_procs(self._host_pid, self._cgroup) if self.local else None
 
     def _kill_command(self, watermark: int, shell_too: bool = False) -> bool:
         """Kill every process the current command started (pids above the watermark); the shell gets
@@ -417,6 +428,7 @@ class Terminal:
         Returns within timeout + TIMEOUT_MARGIN_S."""
         if self.closed:
             raise InfraError("terminal is closed")
+        self._check_host()
         t0 = time.monotonic()
         if self.dead:
             return self._dead_result(t0)
@@ -532,7 +544,7 @@ class Terminal:
     def check_disk(self):
         """End the terminal (dead) when its writable layer is over disk_cap_mb."""
         upper = self._layers[0]
-        if upper and os.path.isdir(upper):
+        if upper and self.local and os.path.isdir(upper):
             used = _dir_bytes(upper)
         else:  # a remote daemon: it measures the layer itself (slower)
             used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
@@ -546,7 +558,7 @@ class Terminal:
         is 124, whatever the container's `timeout` binary does (test_hostile.test_exec_and_grade_*)."""
         code, out = _exec(self.client, self.id, ["bash", "-c", cmd], timeout, env=env,
                           workdir=workdir or (self.task.workdir if self.task else "/"), cgroup=self._cgroup,
-                          host_pid=self._host_pid if self._cgroup else None)
+                          host_pid=self._host_pid if self.local else None, kill_inside=not self.local)
         return code, out.decode("utf-8", "replace")
 
     def grade(self) -> Grade:
@@ -554,7 +566,16 @@ class Terminal:
 
         reward: 1/0 from the test exit code (TB1, generated) or reward.txt/json (TB2). An episode
         that tampered with grading gets reward 0 and `tampered` evidence; infra_error (reward None)
-        only when Docker failed or the harness fails on a fresh container too (tests/test_tampering.py)."""
+        only when Docker failed, the container was lost to the infrastructure (`lost`), or the
+        harness fails on a fresh container too (tests/test_tampering.py, tests/test_hosts.py)."""
+        if not self.host_ok():
+            return Grade(None, False, {}, "", self.lost())
+        g = self._grade()
+        if (g.tampered or g.infra_error) and (why := self.lost()):
+            return Grade(None, False, g.tests, g.output, why)
+        return g
+
+    def _grade(self) -> Grade:
         t = self.task
         if self.dead:  # the agent broke its own container: a failed episode, not an infrastructure error
             return Grade(0.0, False, {}, f"[the terminal is dead: {self.dead}]", None,
@@ -670,6 +691,8 @@ class Terminal:
         with contextlib.suppress(Exception):
             state = self.client.api.inspect_container(self.id)["State"]
             if not state.get("Running"):
+                if self._stopped_by_docker():  # not the agent: the daemon or an operator (see `lost`)
+                    return None
                 return f"the container stopped during the episode (exit code {state.get('ExitCode')})"
             procs = self._procs()
             if procs is not None and _first_child(self._host_pid, procs) is None:  # stopping right now
@@ -720,12 +743,44 @@ class Terminal:
         """(path, "A"dded | "C"hanged | "D"eleted) of the container against its image: from the overlay
         upper dir when it is on this machine (docker's diff API walks every layer: ~0.7 s here)."""
         upper, lowers = self._layers
-        if upper and os.path.isdir(upper):
+        if upper and self.local and os.path.isdir(upper):
             return _overlay_changes(upper, lowers)
         entries = [(c["Path"], "CAD"[c["Kind"]]) for c in self.client.api.diff(self.id) or []]
         paths = sorted(p for p, _ in entries)
         parents = {p.rsplit("/", 1)[0] for p in paths}
         return [(p, k) for p, k in entries if p not in parents]  # a directory is listed when a child changed
+
+    def host_ok(self) -> bool:
+        """Whether this container's host has not been drained since it started (no call to it)."""
+        return self.host is None or (self.host.up and self.host.epoch == self._epoch)
+
+    def _check_host(self):
+        if not self.host_ok():
+            raise HostDown(f"docker host {self.host.name} stopped answering ({self.host.why or 'drained'}); "
+                           "its containers are lost")
+
+    def lost(self) -> str | None:
+        """Why the container was lost to the infrastructure, or None: its Docker host was drained, does
+        not answer now, or Docker itself stopped the container (a `kill` event: the daemon shutting
+        down, an operator's `docker stop`; nothing inside a container can cause one). The latter two
+        drain the host (Env.check_host, Env.drain): it is tried again and rejoins when it answers."""
+        if self.host_ok() and self.env is not None and self.host is not None and \
+                self.env.check_host(self.host, fresh=True):
+            with contextlib.suppress(Exception):  # removed: not lost to the infrastructure
+                if not self.client.api.inspect_container(self.id)["State"]["Running"] and self._stopped_by_docker():
+                    self.env.drain(self.host, "Docker stopped a running episode's container (daemon shutting down?)")
+        if self.host_ok():
+            return None
+        return f"docker host {self.host.name} stopped answering ({self.host.why}); the container is lost"
+
+    def _stopped_by_docker(self) -> bool:
+        with contextlib.suppress(Exception):
+            api = self.client.api
+            since = _daemon_time(api.inspect_container(self.id)["Created"])
+            until = _daemon_time(api.info()["SystemTime"]) + 1  # the daemon's clock; blocks until then (< 1 s)
+            return any(True for _ in api.events(since=since, until=until, decode=True,
+                                                filters={"container": self.id, "event": "kill"}))
+        return False
 
     def close(self):
         if not self.closed:
@@ -733,7 +788,15 @@ class Terminal:
             for sock in self._socks:
                 with contextlib.suppress(OSError):
                     sock.close()
-            _remove(self.client, self.id)
+            if not self.host_ok():
+                # no call to a daemon that stopped answering (it may hang): removed when the host rejoins
+                self.host.lost.add(self.id)
+                with _LIVE_LOCK:
+                    _LIVE.pop(self.id, None)
+            else:
+                _remove(self.client, self.id)
+            if self.host is not None and self.env is not None:
+                self.env._hosts.release(self.host)
 
     def __enter__(self):
         return self
@@ -764,10 +827,11 @@ def _next_frame(sock, raw: bytearray, deadline: float) -> bytes | None:
 
 
 def _exec(client, cid: str, argv: list, timeout: float, env=None, workdir=None, cgroup=None,
-          host_pid: int | None = None) -> tuple[int, bytes]:
+          host_pid: int | None = None, kill_inside: bool = False) -> tuple[int, bytes]:
     """`docker exec` with a deadline kept from the host, never by the container nor the Docker
     client's own timeout: (exit code, output). At the deadline every process the exec started is
-    SIGKILLed from outside and the exit code is 124."""
+    SIGKILLed from outside and the exit code is 124; with kill_inside (a daemon on another machine,
+    whose pids mean nothing here) every process but init and its sleep, by a kill from inside."""
     api = client.api
     if host_pid:
         _repair_dev_null(host_pid)
@@ -779,6 +843,8 @@ def _exec(client, cid: str, argv: list, timeout: float, env=None, workdir=None, 
             out.add(data)
         if data is None:
             _kill_exec(api, ex["Id"], cgroup or {})
+            if kill_inside:
+                _exec(client, cid, ["sh", "-c", _KILL_INSIDE], 10)
             return 124, out.text().encode()
     finally:
         with contextlib.suppress(OSError):
@@ -838,6 +904,20 @@ def _fd_targets(hpid: int) -> set:
         return {_readlink(f"/proc/{hpid}/fd/{fd}") for fd in os.listdir(f"/proc/{hpid}/fd")}
     except OSError:
         return set()
+
+
+def _daemon_time(iso: str) -> int:
+    """Seconds since the epoch of a timestamp the daemon wrote (RFC 3339, nanoseconds, any offset)."""
+    from datetime import datetime
+    return int(datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", iso).replace("Z", "+00:00")).timestamp())
+
+
+def _names_container(host_pid: int, container_id: str) -> bool:
+    """Whether this machine's process host_pid is in the container's cgroup: the daemon is local."""
+    try:
+        return container_id in Path(f"/proc/{host_pid}/cgroup").read_text()
+    except OSError:
+        return False
 
 
 def _cgroup_dirs(host_pid: int, container_id: str) -> dict:
@@ -1096,70 +1176,157 @@ def _context_files(task: Task) -> list[tuple[str, Path]]:
 
 
 class Env:
-    """Starts terminals for tasks. Thread-safe; one per process; sweeps stale containers at start.
+    """Starts terminals for tasks on one or more Docker hosts. Thread-safe; one per process; sweeps
+    stale containers on every host at start.
 
-    Warm pool: `warm` started containers are kept ready per container config (image + limits) once
-    that config was reset 3 times or passed to warmup(); only the `max_pools` most recent are kept."""
+    Hosts (hosts.py): each container goes to the least loaded live host with free capacity; a host
+    that stops answering is drained (its containers end with HostDown, which rollout.collect runs
+    again elsewhere) and retried with back-off until it answers, then swept and used again.
+    Warm pool: `warm` started containers are kept ready per container config (image + limits) and
+    live host once that config was reset 3 times or passed to warmup(); only the `max_pools` most
+    recent configs are kept."""
 
     def __init__(self, warm: int = 0, max_concurrent_starts: int = 4, output_cap: int = OUTPUT_CAP,
                  max_pools: int = 16, multi_reward: str = "mean", build_network: str = "default",
-                 agent_network: str = "none", grading_network: str = "default"):
+                 agent_network: str = "none", grading_network: str = "default", hosts=(),
+                 hosts_down_wait_s: float = 120.0):
         import docker  # imported here so task loading works without the docker SDK
         self._docker = docker
-        try:
-            self.client = docker.from_env(timeout=600, max_pool_size=64)
-            self.client.ping()
-        except Exception as e:
-            raise InfraError(f"cannot reach the Docker daemon ({e}); run `bash scripts/setup.sh`") from None
+        self._max_starts = max_concurrent_starts  # per host
+        specs = [parse_host(h) for h in hosts or [""]]
+        if len({s.name for s in specs}) < len(specs):
+            raise ValueError(f"env.hosts: two hosts share a name ({[s.name for s in specs]}); add name=X to one")
+        self._lock = threading.Condition()
+        self._hosts = HostPool([Host(s) for s in specs], self._lock, hosts_down_wait_s)
+        self._token = os.urandom(6).hex()  # labels this Env's containers: a rejoining host is swept of them
+        for h in self._hosts.hosts:
+            if why := self._connect(h):
+                self._hosts.drain(h, why)
+        live = [h for h in self._hosts.hosts if h.up]
+        if not live:
+            raise InfraError("cannot reach the Docker daemon" + "".join(f"; {h.name}: {h.why}" for h in self._hosts.hosts)
+                             + " (run `bash scripts/setup.sh` for this machine's)")
+        self.client = live[0].client  # the first live host's: image lookups, `env.py shell`
         self.warm, self.output_cap, self.max_pools = warm, output_cap, max_pools
         # Three networks (see README "Running official Terminal-Bench tasks"): image builds, the agent's
         # episode (only tasks that allow_internet, and only when this is not "none"), and grading, joined
         # once the agent's processes are gone by tasks whose tests install their runner. "default" is the
-        # daemon's bridge where it has one, else none.
-        names = {n["Name"] for n in self.client.api.networks()}
+        # daemon's bridge where it has one, else none. Every host must have the networks named.
+        names = live[0].networks
         resolve = lambda n: ("bridge" if "bridge" in names else "none") if n == "default" else n  # noqa: E731
         for what, n in [("build", build_network), ("agent", agent_network), ("grading", grading_network)]:
-            if resolve(n) not in names | {"none"}:
-                raise ValueError(f"env.{what}_network {n!r}: no such docker network; `docker network ls` "
-                                 "lists them (or use none / default)")
+            for h in live:
+                if resolve(n) not in h.networks | {"none"}:
+                    raise ValueError(f"env.{what}_network {n!r}: host {h.name} has no such docker network; "
+                                     "`docker network ls` lists them (or use none / default)")
         self.build_network = "default" if resolve(build_network) == "bridge" else resolve(build_network)
         self.agent_network, self.grading_network = resolve(agent_network), resolve(grading_network)
         if multi_reward not in ("mean", "min", "error"):
             raise ValueError(f"multi_reward must be mean, min or error, got {multi_reward!r}")
         self.multi_reward = multi_reward
-        self._starts = threading.Semaphore(max_concurrent_starts)
-        self._lock = threading.Condition()
-        self._pool: dict[tuple, list[Terminal]] = {}  # container config -> ready terminals, least recent first
-        self._starting: dict[tuple, int] = defaultdict(int)
+        self._pool: dict[tuple, list[Terminal]] = {}  # container config -> ready terminals (any host), least recent first
+        self._starting: dict[tuple, int] = defaultdict(int)  # (config, host name) -> starts under way for the pool
         self._resets: dict[tuple, int] = defaultdict(int)
         self._warmed: set[tuple] = set()
         self._build_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._images: dict[str, str] = {}
         self._closed = False
         self._terms = weakref.WeakSet()  # every terminal started here (the disk watchdog's list)
-        info = self.client.info()
-        backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
-        # a storage-driver quota (`--storage-opt size=`) where the driver has one; else the watchdog
-        self.disk_quota = info.get("Driver") in ("btrfs", "zfs", "devicemapper") or \
-            (info.get("Driver") == "overlay2" and backing == "xfs")
-        self.swept = sweep_stale(self.client)
+        self.swept = sum(sweep_stale(h.client) for h in live)
         _install_cleanup()
         self._fillers = [threading.Thread(target=self._fill_loop, daemon=True) for _ in range(min(2, max_concurrent_starts))]
-        self._fillers.append(threading.Thread(target=self._disk_loop, daemon=True))
+        self._fillers += [threading.Thread(target=self._disk_loop, daemon=True),
+                          threading.Thread(target=self._host_loop, daemon=True)]
         for th in self._fillers:
             th.start()
 
+    # -- hosts ---------------------------------------------------------------------------------
+    def _connect(self, h: Host) -> str | None:
+        """Clients for h and what this Env needs to know of its daemon; None, or why it failed."""
+        try:
+            if h.client is None:
+                h.client = connect(self._docker, h.spec, 600)
+                h.probe = connect(self._docker, h.spec, PROBE_TIMEOUT_S)
+                h.starts_gate = threading.Semaphore(self._max_starts)
+            h.probe.ping()
+            info = h.client.info()
+            backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
+            # a storage-driver quota (`--storage-opt size=`) where the driver has one; else the watchdog
+            h.disk_quota = info.get("Driver") in ("btrfs", "zfs", "devicemapper") or \
+                (info.get("Driver") == "overlay2" and backing == "xfs")
+            h.networks = {n["Name"] for n in h.client.api.networks()}
+            return None
+        except Exception as e:
+            return f"{type(e).__name__}: {str(e)[:200]}"
+
+    def check_host(self, h: Host, fresh: bool = False) -> bool:
+        """Whether h answers a ping; drains it (its containers are lost) when it does not. fresh: on a new
+        connection, which a daemon shutting down refuses at once while it still serves the open ones
+        (and stops our containers: a failure then is not the agent's; tests/test_hosts.py)."""
+        if fresh:
+            try:
+                connect(self._docker, h.spec, PROBE_TIMEOUT_S).close()  # connecting asks the daemon's version
+                why = None
+            except Exception as e:
+                why = f"{type(e).__name__}: {str(e)[:200]}"
+        else:
+            why = self._hosts.answers(h)
+        if why:
+            self.drain(h, why)
+        return why is None
+
+    def drain(self, h: Host, why: str):
+        """Treat h as down: its containers are lost (their episodes end with HostDown), it is retried."""
+        with self._lock:
+            if not self._hosts.drain(h, why):
+                return
+            h.failed += h.running
+            lost = [t for pool in self._pool.values() for t in pool if t.host is h]
+            for pool in self._pool.values():
+                pool[:] = [t for t in pool if t.host is not h]
+        for t in lost:
+            t.close()  # no docker call: the ids wait in h.lost for the rejoin's sweep
+
+    def _host_loop(self):
+        """Ping live hosts every CHECK_EVERY_S (drain the silent); retry drained ones on their back-off,
+        and when one answers, remove what it still holds of ours, then place containers there again."""
+        while not self._closed:
+            for h in list(self._hosts.hosts):
+                if h.up:
+                    self.check_host(h)
+            with self._lock:
+                due = self._hosts.due()
+            for h in due:
+                if self._connect(h) is None:
+                    with contextlib.suppress(Exception):  # what is left is swept at the next start
+                        self._sweep_own(h)
+                    self._hosts.rejoin(h)
+            time.sleep(CHECK_EVERY_S)
+
+    def _sweep_own(self, h: Host):
+        for c in h.client.api.containers(all=True, filters={"label": f"{LABEL}.env={self._token}"}):
+            _remove(h.client, c["Id"])
+        h.lost.clear()
+        sweep_stale(h.client)
+
+    def host_stats(self) -> dict:
+        """Per host: running / failed containers, up, mean start latency since the last call (metrics.jsonl)."""
+        return self._hosts.stats()
+
+    def hosts_postfix(self) -> str:
+        """name=running[/capacity] per host, `!` after a drained one; "" with the one default host."""
+        return self._hosts.postfix() if len(self._hosts.hosts) > 1 or self._hosts.hosts[0].spec.url else ""
+
+    def _live_host(self) -> Host:
+        with self._lock:
+            return self._hosts.live()
+
     # -- images --------------------------------------------------------------------------------
     def image(self, task: Task) -> str:
-        """The image tag for task: given, or built from its Dockerfile once (tag = content hash)."""
+        """The image tag for task: given, or built from its Dockerfile once (tag = content hash) on a
+        live host; other hosts load it from one that has it when they first need it (_host_image)."""
+        host = self._live_host()
         if task.image:
-            if task.image not in self._images:
-                try:
-                    self.client.api.inspect_image(task.image)
-                except Exception as e:
-                    raise InfraError(f"image {task.image} is not available locally ({e}); "
-                                     "run `bash scripts/setup.sh` to seed it") from None
-                self._images[task.image] = task.image
+            self._host_image(task.image, host)
             return task.image
         files = _context_files(task)
         h = hashlib.sha256()
@@ -1168,26 +1335,41 @@ class Env:
         h.update(task.dockerfile.name.encode())
         for base in re.findall(r"^\s*FROM\s+(\S+)", task.dockerfile.read_text(), re.M | re.I):
             try:  # a re-seeded base image must invalidate the cache
-                h.update(self.client.api.inspect_image(base)["Id"].encode())
+                h.update(host.client.api.inspect_image(base)["Id"].encode())
             except Exception:
                 h.update(base.encode())
         slug = re.sub(r"[^a-z0-9_.-]+", "-", task.name.lower()).strip("-.") or "task"
         tag = f"termrl-{slug}:{h.hexdigest()[:16]}"
-        with self._lock:
-            build_lock = self._build_locks[tag]
-        with build_lock:  # one build per tag, however many threads reset this task at once
-            if tag in self._images:
-                return tag
-            try:
-                self.client.api.inspect_image(tag)
-            except self._docker.errors.ImageNotFound:
-                self._build(task, tag, files)
-            except Exception as e:
-                raise InfraError(f"docker daemon error while looking up {tag}: {e}") from None
-            self._images[tag] = tag
+        self._host_image(tag, host, lambda: self._build(host, task, tag, files))
         return tag
 
-    def _build(self, task: Task, tag: str, files):
+    def _host_image(self, tag: str, host: Host, build=None):
+        """Make image tag present on host, once: already there; else loaded from a host that has it
+        (`docker save | docker load`); else built (build) or an error."""
+        with self._lock:
+            lock = self._build_locks[f"{host.name}\0{tag}"]
+        with lock:  # one build or load per host and tag, however many threads reset this task at once
+            if tag in host.images:
+                return
+            try:
+                host.client.api.inspect_image(tag)
+            except self._docker.errors.ImageNotFound:
+                src = next((h for h in self._hosts.hosts if h is not host and h.up and tag in h.images), None)
+                if src is not None:
+                    try:
+                        host.client.api.load_image(src.client.api.get_image(tag))
+                    except Exception as e:
+                        raise InfraError(f"copying image {tag} from host {src.name} to {host.name} failed: {e}") from None
+                elif build is not None:
+                    build()
+                else:
+                    raise InfraError(f"image {tag} is not available locally (host {host.name}) nor on another live host; "
+                                     "run `bash scripts/setup.sh` to seed it") from None
+            except Exception as e:
+                raise InfraError(f"docker host {host.name}: error while looking up {tag}: {e}") from None
+            host.images[tag] = tag
+
+    def _build(self, host: Host, task: Task, tag: str, files):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for rel, p in files:
@@ -1195,7 +1377,7 @@ class Env:
         buf.seek(0)
         log = []
         try:
-            for chunk in self.client.api.build(
+            for chunk in host.client.api.build(
                     fileobj=buf, custom_context=True, tag=tag, rm=True, forcerm=True, decode=True,
                     dockerfile=str(task.dockerfile.relative_to(task.build_context)), labels={LABEL: "1"},
                     network_mode=self.build_network, timeout=int(task.build_timeout_s)):
@@ -1212,66 +1394,124 @@ class Env:
     def _key(self, task: Task) -> tuple:
         net = self.agent_network if task.allow_internet else "none"
         return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir,
-                tuple(sorted(task.env.items())), task.disk_mb)
+                tuple(sorted(task.env.items())), task.disk_mb, tuple(sorted(task.host_labels)))
 
-    def _start(self, key: tuple) -> Terminal:
-        image, memory_mb, cpus, pids, net, workdir, variables, disk_mb = key
-        with self._starts:
+    @staticmethod
+    def _fits(h: Host, key: tuple) -> bool:
+        """Whether h has every label the task of key needs (Task.host_labels)."""
+        return set(key[8]) <= set(h.spec.labels)
+
+    def _room(self, h: Host) -> bool:
+        """Whether h can take one more container now (call with lock held); a full host gives up a
+        pooled container (closed in the background) so an episode never waits on the warm pool."""
+        if self._closed:
+            raise InfraError("Env is closed")
+        if h.free():
+            return True
+        victim = next((t for pool in self._pool.values() for t in pool if t.host is h), None) if h.up else None
+        if victim is not None:
+            for pool in self._pool.values():
+                if victim in pool:
+                    pool.remove(victim)
+            threading.Thread(target=victim.close, daemon=True).start()
+        return False
+
+    def _place(self, key: tuple) -> Host:
+        """Reserve room on the least loaded live host with the labels key needs (waits for one;
+        HostsDown when none of them answers)."""
+        fit = [h for h in self._hosts.hosts if self._fits(h, key)]
+        if not fit:
+            raise InfraError(f"the task needs Docker host labels {list(key[8])}; no host in env.hosts has them all "
+                             f"({', '.join(f'{h.name}: {h.spec.labels}' for h in self._hosts.hosts)})")
+        with self._lock:
+            if self._closed or _SHUTDOWN.is_set():
+                raise InfraError("Env is closed" if self._closed else "shutting down (SIGINT/SIGTERM)")
+            return self._hosts.place(self._room, fit)
+
+    def _start(self, key: tuple, host: Host) -> Terminal:
+        """A new container for key on host, where room was reserved (released if this fails). HostDown
+        when the host stopped answering."""
+        image, memory_mb, cpus, pids, net, workdir, variables, disk_mb, _ = key
+        client, t0 = host.client, time.monotonic()
+        with host.starts_gate:
             try:
                 if _SHUTDOWN.is_set():
                     raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
+                self._host_image(image, host)
                 fsize = min(FILE_SIZE_LIMIT, disk_mb << 20)
                 host_config = dict(
                     init=True, network_mode=net, mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
                     nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"], cap_add=CAPS,
                     security_opt=["no-new-privileges"], privileged=False,
                     ulimits=[{"Name": "fsize", "Soft": fsize, "Hard": fsize}])
-                if self.disk_quota:
+                if host.disk_quota:
                     host_config["storage_opt"] = {"size": f"{disk_mb}M"}
                 try:
-                    c = self.client.api.create_container(
-                        image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir, labels=_owner_labels(),
-                        environment=dict(variables),
-                        hostname="termrl", host_config=self.client.api.create_host_config(**host_config))
+                    c = client.api.create_container(
+                        image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir,
+                        labels={**_owner_labels(), f"{LABEL}.env": self._token}, environment=dict(variables),
+                        hostname="termrl", host_config=client.api.create_host_config(**host_config))
                 except self._docker.errors.APIError as e:
-                    if not (self.disk_quota and "storage" in str(e).lower()):
+                    if not (host.disk_quota and "storage" in str(e).lower()):
                         raise
-                    self.disk_quota = False  # e.g. xfs mounted without pquota: the watchdog instead
-                    return self._start(key)
+                    host.disk_quota = False  # e.g. xfs mounted without pquota: the watchdog instead
+                    raise _Retry() from None
                 cid = c["Id"]
                 with _LIVE_LOCK:
-                    _LIVE[cid] = self.client
-                self.client.api.start(cid)
+                    _LIVE[cid] = client
+                client.api.start(cid)
                 if _SHUTDOWN.is_set():  # the signal's cleanup may have run before this container existed
                     raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
-                term = Terminal(self.client, cid, key, self.output_cap)
+                term = Terminal(client, cid, key, self.output_cap, host)
                 term.env, term.multi_reward = self, self.multi_reward
-                if not self.disk_quota:
+                if not host.disk_quota:
                     term.disk_cap_mb = disk_mb
                 self._terms.add(term)
+                with self._lock:
+                    host.starts, host.start_s = host.starts + 1, host.start_s + time.monotonic() - t0
                 return term
+            except _Retry:
+                err = None
             except Exception as e:
+                err = e
                 if "cid" in locals():
-                    _remove(self.client, cid)
-                if isinstance(e, InfraError):
-                    raise
-                raise InfraError(f"starting a container from {image} failed: {e}") from None
+                    _remove(client, cid)
+        if err is None:
+            return self._start(key, host)
+        self._hosts.release(host)
+        if not isinstance(err, BuildError) and not self.check_host(host, fresh=True):
+            with self._lock:
+                host.failed += 1
+            raise HostDown(f"docker host {host.name} stopped answering while starting a container: {err}") from None
+        if isinstance(err, InfraError):
+            raise err
+        raise InfraError(f"starting a container from {image} on {host.name} failed: {err}") from None
+
+    def _start_placed(self, key: tuple) -> Terminal:
+        """_start on the least loaded live host, again elsewhere while a host fails (HostsDown when none is left)."""
+        while True:
+            try:
+                return self._start(key, self._place(key))
+            except HostDown:
+                continue
 
     def _fill_loop(self):
         while True:
             with self._lock:
-                while not self._closed and not (key := self._deficit()):
+                while not self._closed and not (slot := self._deficit()):
                     self._lock.wait(1.0)
                 if self._closed:
                     return
-                self._starting[key] += 1  # so the other filler moves on to the next slot
+                key, host = slot
+                host.running += 1  # reserved, as _place does
+                self._starting[key, host.name] += 1  # so the other filler moves on to the next slot
             try:
-                term = self._start(key)
+                term = self._start(key, host)
             except Exception:
                 term = None
             with self._lock:
-                self._starting[key] -= 1
-                if term is not None and not self._closed and key in self._pool:
+                self._starting[key, host.name] -= 1
+                if term is not None and not self._closed and key in self._pool and term.host.up:
                     self._pool[key].append(term)
                     self._lock.notify_all()
                     continue
@@ -1285,16 +1525,22 @@ class Env:
         past its cap is ended (test_hostile.test_disk_cap_stops_writes_past_it)."""
         while not self._closed:
             for term in list(self._terms):
-                if term.disk_cap_mb and not term.closed and not term.dead:
+                if term.disk_cap_mb and not term.closed and not term.dead and term.host_ok():
                     with contextlib.suppress(Exception):  # a container removed meanwhile
                         term.check_disk()
             time.sleep(DISK_CHECK_S)
 
     def _deficit(self):
-        return next((k for k, v in self._pool.items() if len(v) + self._starting[k] < self.warm), None)
+        """(config, host) of a warm pool short of `warm` containers on a live host with room, or None."""
+        for k, v in self._pool.items():
+            for h in self._hosts.hosts:
+                if h.free() and self._fits(h, k) and sum(t.host is h for t in v) + self._starting[k, h.name] < self.warm:
+                    return k, h
+        return None
 
     def warmup(self, tasks, wait: bool = True, timeout: float = 120):
-        """Keep `warm` started containers ready for each distinct container config of tasks."""
+        """Keep `warm` started containers ready for each distinct container config of tasks, on every
+        live host with room for them."""
         keys = {self._key(t) for t in tasks}
         with self._lock:
             self._warmed |= keys
@@ -1302,13 +1548,16 @@ class Env:
                 self._pool.setdefault(k, [])
             self._lock.notify_all()
             end = time.monotonic() + timeout
-            while wait and self.warm and any(len(self._pool.get(k, [None] * self.warm)) < self.warm for k in keys):
+            while wait and self.warm and any(
+                    sum(t.host is h for t in self._pool.get(k, [])) < self.warm
+                    for k in keys for h in self._hosts.hosts if h.free() and self._fits(h, k)):
                 if time.monotonic() > end:
                     break
                 self._lock.wait(0.2)
 
     def reset(self, task: Task) -> Terminal:
-        """A fresh terminal for task (from the warm pool when one is ready). May raise InfraError."""
+        """A fresh terminal for task (from the warm pool when one is ready). May raise InfraError, or
+        HostsDown when every Docker host has stopped answering for env.hosts_down_wait_s."""
         key = self._key(task)
         term = None
         with self._lock:
@@ -1316,7 +1565,10 @@ class Env:
                 raise InfraError("Env is closed" if self._closed else "shutting down (SIGINT/SIGTERM)")
             self._resets[key] += 1
             pool = self._pool.pop(key, [])
-            term = pool.pop(0) if pool else None
+            ready = [t for t in pool if t.host_ok()]
+            if ready:  # the one on the least loaded host
+                term = min(ready, key=lambda t: t.host.load())
+                pool.remove(term)
             if key in self._warmed or self._resets[key] >= 3:  # one-off configs get no pool
                 self._pool[key] = pool  # now the most recently used config
             evicted = []
@@ -1326,12 +1578,14 @@ class Env:
         for t in evicted:
             t.close()
         if term is None:
-            term = self._start(key)
+            term = self._start_placed(key)
         term.task = task
         if task.setup:
             r = term.run(f"bash -c {shlex.quote(task.setup)}", timeout=120)
             if r.exit_code != 0:
                 term.close()
+                if term.lost():
+                    raise HostDown(f"docker host {term.host.name} stopped answering during task {task.name}'s setup")
                 raise InfraError(f"task {task.name}: setup failed (exit {r.exit_code}): {r.output[-500:]}")
         return term
 
@@ -1339,7 +1593,7 @@ class Env:
         """Whether task's test harness runs (whatever its verdict) on a fresh container: when it does,
         a harness that failed after an episode was broken by the agent."""
         try:
-            with self._start(self._key(task)) as term:
+            with self._start_placed(self._key(task)) as term:
                 term.task = task
                 if task.setup:
                     term.run(f"bash -c {shlex.quote(task.setup)}", timeout=120)
@@ -1361,6 +1615,10 @@ class Env:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Retry(Exception):
+    """The daemon refused a storage quota: start again without one."""
 
 
 # --- Curation (`validate`) and a human shell (`shell`) -------------------------------------------
@@ -1454,15 +1712,18 @@ def _validate_main(args) -> int:
 
 def _env_kwargs(args) -> dict:
     return {"build_network": args.build_network, "agent_network": args.agent_network,
-            "grading_network": args.grading_network}
+            "grading_network": args.grading_network, "hosts": args.docker_host}
 
 
 def _shell_main(args) -> int:
     task = load_task(args.task)
     with Env(**_env_kwargs(args)) as env:
-        image = env.image(task)
+        image = env.image(task)  # on the first live host, where the shell then runs
         net = env._key(task)[4]
-    cmd = ["docker", "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,
+        spec = env._live_host().spec
+    tls = spec.tls and ["--tlsverify", *[f"--tls{k}={spec.tls}/{f}" for k, f in
+                                         [("cacert", "ca.pem"), ("cert", "cert.pem"), ("key", "key.pem")]]]
+    cmd = ["docker", *(["-H", spec.url] if spec.url else []), *(tls or []), "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,
            *[f"-e{k}={v}" for k, v in task.env.items()],
            "--label", f"{LABEL}=1", "--cap-drop", "ALL", *[f"--cap-add={c}" for c in CAPS],
            "--memory", f"{task.memory_mb}m", "--pids-limit", str(task.pids), "-w", task.workdir,
@@ -1496,10 +1757,13 @@ def main(argv=None) -> int:
         p.add_argument("--grading-network", default="default",
                        help="network joined for grading, after the agent's processes are gone, by tasks whose "
                             "tests_need_network")
+        p.add_argument("--docker-host", action="append", default=[], metavar="URL[,capacity=N][,tls=DIR]",
+                       help="a Docker host for the containers (repeatable; unix://, ssh://, or tcp:// with tls=); "
+                            "default: DOCKER_HOST's daemon alone")
     args = ap.parse_args(argv)
     try:
         return _validate_main(args) if args.cmd == "validate" else _shell_main(args)
-    except (TaskError, InfraError) as e:
+    except (TaskError, InfraError, HostsDown, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+import hosts
+
 ROOT = Path(__file__).resolve().parent
 
 # -----------------------------------------------------------------------------------------------
@@ -698,6 +700,8 @@ def cmd_run(args):
     from tasks import load_tasks
 
     cfg = config.load_config(args.config, args.set)
+    if args.docker_host:  # the hosts of this evaluation, in place of the config's env.hosts
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, hosts=args.docker_host))
     rcfg = config.rollout_cfg(cfg)
     # no --tasks: the config's held-out set, exactly as train.py's periodic eval draws it
     tasks = load_tasks(args.tasks, strict=cfg.data.strict_tasks) if args.tasks else train.load_task_sets(cfg)[1]
@@ -759,6 +763,9 @@ def main(argv=None):
                    help="config override, e.g. --set rollout.temperature=0.6 (repeatable)")
     r.add_argument("--out", required=True, help="folder for eval.json, trajectories.jsonl, "
                                                 "settings.json; rerun with it to resume")
+    r.add_argument("--docker-host", action="append", default=[], metavar="URL[,capacity=N][,tls=DIR]",
+                   help="a Docker host for the episodes' containers, repeatable (default: the config's "
+                        "env.hosts); unix://, ssh://user@box, or tcp:// with tls=DIR")
     c = sub.add_parser("curate", help="write a training task list of moderately hard tasks")
     c.add_argument("evaluation", help="eval.json written by `evaluate.py run`")
     c.add_argument("--min-pass", type=float, default=0.1, help="drop tasks with pass@1 below")
@@ -772,7 +779,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         {"run": cmd_run, "curate": cmd_curate, "behaviour": cmd_behaviour}[args.cmd](args)
-    except (ValueError, FileNotFoundError) as e:  # bad input: say what and how to fix, no trace
+    except (ValueError, FileNotFoundError, hosts.HostsDown) as e:  # bad input, or no sandbox host left: no trace
         sys.exit(f"evaluate.py {args.cmd}: {e}")
 
 

@@ -35,7 +35,7 @@ import time
 import traceback
 import uuid
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -43,11 +43,16 @@ from typing import Iterable
 import torch
 
 from algo import Batch
-from env import InfraError
+from env import HostDown, InfraError
 from tasks import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
-                  "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead", "container_stopped")
+                  "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead", "container_stopped",
+                  "sandbox_lost")
+# an episode whose container was lost to the infrastructure (finish "sandbox_lost") runs again from the same task
+# this many times at most (env.Env places it on another host; tests/test_hosts.py)
+LOST_RETRIES = 3
+log = logging.getLogger("termrl.rollout")
 
 SYSTEM_PROMPT = (
     "You are an autonomous agent solving a task in a Linux terminal (bash, no internet access). "
@@ -899,8 +904,12 @@ def _grade_into(traj, term):
 
 def _environment_failed(traj, term, err):
     """An InfraError ended the episode: the row stays but is masked out of training, unless the
-    agent stopped its own container (then it is the agent's failure, reward 0)."""
-    if term is not None and (why := term.agent_stopped()):
+    agent stopped its own container (then it is the agent's failure, reward 0). When the container
+    was lost to the infrastructure (its Docker host stopped answering, or Docker stopped
+    it: env.Terminal.lost) the finish is "sandbox_lost", which collect runs again elsewhere."""
+    if isinstance(err, HostDown) or (term is not None and term.lost()):
+        traj.finish_reason, traj.valid, traj.reward, traj.error = "sandbox_lost", False, float("nan"), str(err)
+    elif term is not None and (why := term.agent_stopped()):
         traj.finish_reason, traj.reward = "container_stopped", 0.0
         traj.grade = {"passed": False, "tests": {}, "output": str(err), "infra_error": None, "rewards": {},
                       "tampered": why}
@@ -1031,16 +1040,26 @@ def executed_commands(traj) -> list[str]:
             if m["role"] == "assistant" and m.get("tool_call", {}).get("name") == "bash"]
 
 
+def successes(trajectories) -> list[tuple[str, list[str]]]:
+    """(task name, the commands it ran) of each valid success, in order."""
+    return [(t.task_name, executed_commands(t)) for t in trajectories if t.valid and t.reward > 0]
+
+
+def shortest_per_task(pairs) -> dict:
+    """{task name: the commands of its shortest success} over (task name, commands) pairs; the
+    first of equally short ones wins."""
+    best = {}
+    for name, cmds in pairs:
+        if cmds and (name not in best or len(cmds) < len(best[name])):
+            best[name] = cmds
+    return best
+
+
 def refresh_experts(experts: dict, trajectories) -> None:
     """experts[task name] = the commands of this batch's shortest success on that task, the paper's
     refresh of the expert trajectory with the policy's own successes: later prefixes then come
     from what the policy itself does. A task without a success this batch keeps its expert."""
-    best = {}
-    for t in trajectories:
-        cmds = executed_commands(t) if t.valid and t.reward > 0 else []
-        if cmds and (t.task_name not in best or len(cmds) < len(best[t.task_name])):
-            best[t.task_name] = cmds
-    experts.update(best)
+    experts.update(shortest_per_task(successes(trajectories)))
 
 
 def drop_stale(trajectories, current_version, max_staleness):
@@ -1063,7 +1082,9 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
     With cfg.prefill_prob, a task's whole group starts from one anchor (draw_prefill_k) of its
     expert trajectory, experts[task name] or the oracle: a group is one task at one anchor, so
     its baseline compares episodes that started at the same chunk. With cfg.refresh_expert,
-    `experts` (a dict the caller keeps across steps) is then refreshed with this batch's successes."""
+    `experts` (a dict the caller keeps across steps) is then refreshed with this batch's successes.
+    An episode whose container was lost to the infrastructure (finish "sandbox_lost") runs again, same task, anchor
+    and seed, up to LOST_RETRIES times: a dead sandbox host costs time, not rows."""
     from tqdm import tqdm
 
     G = group_size or cfg.group_size
@@ -1076,20 +1097,32 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             expert = (experts or {}).get(task.name)
             k = draw_prefill_k(task, cfg, rng, expert)
             for j in range(G + cfg.group_redundancy):
-                f = pool.submit(run_episode, task, policy, env, cfg, k, group_id_start + gi, cancels[gi],
-                                rng.randrange(1 << 30), expert)
-                futs[f] = gi, j
+                args = (task, policy, env, cfg, k, group_id_start + gi, cancels[gi], rng.randrange(1 << 30), expert)
+                futs[pool.submit(run_episode, *args)] = gi, j, args, 0
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
+        pending = set(futs)
         try:
-            for f in as_completed(futs):
-                gi, j = futs[f]
-                traj = f.result()
-                if traj is None or len(kept[gi]) >= G:
-                    continue
-                kept[gi].append((j, traj))
-                bar.update(1)
-                if len(kept[gi]) == G:
-                    cancels[gi].set()
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    gi, j, args, tries = futs.pop(f)
+                    traj = f.result()
+                    if traj is not None and traj.finish_reason == "sandbox_lost" and tries < LOST_RETRIES \
+                            and not cancels[gi].is_set():
+                        log.warning("episode %d of %s: %s; running it again (retry %d)", j, args[0].name,
+                                    traj.error, tries + 1)
+                        nf = pool.submit(run_episode, *args)
+                        futs[nf] = gi, j, args, tries + 1
+                        pending.add(nf)
+                        continue
+                    if traj is None or len(kept[gi]) >= G:
+                        continue
+                    kept[gi].append((j, traj))
+                    bar.update(1)
+                    if hosts := env.hosts_postfix():
+                        bar.set_postfix_str(hosts, refresh=False)
+                    if len(kept[gi]) == G:
+                        cancels[gi].set()
         except BaseException:  # an episode raised (e.g. the engine failed), Ctrl-C or SIGTERM: start no
             for c in cancels:  # more episodes, end the running ones at their next turn
                 c.set()

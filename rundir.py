@@ -23,10 +23,10 @@ from pathlib import Path
 # the run directory: never clobbered, moved aside (never deleted) to start over
 
 
-def claim_run_dir(out: Path, resume: bool, restart: bool, move: bool = True):
-    """Call before anything is written to `out`. A directory holding a run is continued with
-    --resume, moved to <out>.<date-time> with --restart (also by --resume when it holds no
-    checkpoint), and otherwise refused. `move`: this process does the moving (rank 0).
+def claim_run_dir(out: Path, resume: bool, restart: bool):
+    """Call before anything is written to `out`, in one process of the run (train.py: rank 0). A
+    directory holding a run is continued with --resume, moved to <out>.<date-time> with --restart
+    (also by --resume when it holds no checkpoint), and otherwise refused.
     tests/test_rundir.py::test_an_existing_run_is_refused_or_moved_aside_never_clobbered"""
     if resume and restart:
         raise SystemExit("--resume continues the run in out_dir and --restart starts it over: pass one of them")
@@ -42,13 +42,12 @@ def claim_run_dir(out: Path, resume: bool, restart: bool, move: bool = True):
         raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Pass --resume to continue it from "
                          f"its latest checkpoint, or --restart to start over (the old run is moved to "
                          f"{out}.<date-time>, nothing is deleted), or set another run_name / out_dir.")
-    if move:
-        aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        while aside.exists():
-            aside = aside.with_name(aside.name + "x")
-        os.rename(out, aside)
-        why = f"--resume found no checkpoint in {out / 'checkpoints'}" if resume else "--restart"
-        print(f"{why}: the old run is now {aside}; starting over in {out}", file=sys.stderr)
+    aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+    while aside.exists():
+        aside = aside.with_name(aside.name + "x")
+    os.rename(out, aside)
+    why = f"--resume found no checkpoint in {out / 'checkpoints'}" if resume else "--restart"
+    print(f"{why}: the old run is now {aside}; starting over in {out}", file=sys.stderr)
 
 
 # -----------------------------------------------------------------------------------------------

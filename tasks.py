@@ -57,6 +57,7 @@ class Task:
     tests_in_agent_shell: bool = False  # TB1 run_tests_in_same_shell: the tests see the agent's exported variables
     tests_need_network: bool = False  # the test scripts download their runner (grading joins env's grading network)
     verifier_changes_ok: list = field(default_factory=list)  # globs of toolchain paths the solution may change
+    host_labels: list = field(default_factory=list)  # only Docker hosts with all these labels run it (env.hosts)
 
 
 def _need(path: Path, what: str) -> Path:
@@ -137,7 +138,7 @@ def _load_tb1(d: Path) -> Task:
         cpus=_number(meta.get("cpus", DEFAULT_CPUS), f"{f} cpus"),
         pids=_number(meta.get("pids", DEFAULT_PIDS), f"{f} pids", int),
         allow_internet=bool(meta.get("allow_internet", False)), metadata=meta, tests_in_agent_shell=same_shell,
-        tests_need_network=_needs_network(meta, tests, str(f)),
+        tests_need_network=_needs_network(meta, tests, str(f)), host_labels=_host_labels(meta, str(f)),
         **_integrity(meta, str(f)))
 
 
@@ -172,6 +173,14 @@ def _needs_network(meta: dict, tests: dict, where: str) -> bool:
             raise TaskError(f"{where}: tests_need_network must be true or false")
         return meta["tests_need_network"]
     return any(_FETCHES.search(v.decode("utf-8", "replace")) for k, v in tests.items() if k.endswith(".sh"))
+
+
+def _host_labels(meta: dict, where: str) -> list:
+    """host_labels: the labels a Docker host needs to run this task (an arm64 image, a big machine)."""
+    labels = meta.get("host_labels", [])
+    if not (isinstance(labels, list) and all(isinstance(x, str) and x for x in labels)):
+        raise TaskError(f"{where}: host_labels must be a list of label names, got {labels!r}")
+    return labels
 
 
 def _integrity(meta: dict, where: str) -> dict:
@@ -223,6 +232,7 @@ def _load_tb2(d: Path) -> Task:
         allow_internet=bool(env.get("allow_internet", False)), metadata=meta,
         env={k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in variables.items()},
         tests_need_network=_needs_network(sections["verifier"], tests, f"{f} [verifier]"),
+        host_labels=_host_labels(env, f"{f} [environment]"),
         **_integrity(meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}, f"{f} [metadata]"))
 
 

@@ -5,6 +5,7 @@
     python train.py --config configs/tiny.yaml --dry-run            # check config, tasks, model, docker
     python train.py --config configs/tiny.yaml --resume             # continue from <out_dir>/checkpoints/latest
     torchrun --nproc-per-node 8 train.py --config configs/qwen3-full-8gpu.yaml   # one box, many GPUs
+    torchrun --nnodes 2 --node-rank K --nproc-per-node 8 --master-addr NODE0 --master-port 29500 train.py ...
 
 One RL step, as in ROLL's agentic pipeline (arXiv 2512.24873, §3), is `run`'s loop: rollout (engine
 awake) -> advantages -> engine sleeps -> update in token-budget micro-batches -> sync weights into
@@ -15,8 +16,9 @@ trainer steps: step s's rollouts start once the weights are at most `train.max_s
 behind s, and a weight update restarts the turns in flight, so each turn has one version.
 
 `torchrun --nproc-per-node N train.py ...` gives every rank its own colocated engine and 1/N of
-each step's tasks, with DDP (`train.parallel: ddp`) or FSDP2 (`fsdp`). Beyond one box use a
-distributed RL trainer built for it (alibaba/ROLL, volcengine/verl): this file stops at one node.
+each step's tasks, with DDP (`train.parallel: ddp`) or FSDP2 (`fsdp`); on several nodes
+(`--nnodes`) the same, with out_dir on a filesystem every node shares (distributed.check_shared_dirs).
+Where that stops scaling, and what to move to, is in the README ("Training on several nodes").
 """
 import argparse
 import dataclasses
@@ -38,6 +40,7 @@ from transformers import AutoTokenizer
 import algo
 import distributed
 import env
+import hosts
 import learner
 import rollout
 import sft
@@ -62,6 +65,14 @@ def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
         perm = random.Random(f"{seed}-{epoch}").sample(range(len(tasks)), len(tasks))
         out.append(tasks[perm[j]])
     return out
+
+
+def rank_share(items: list, rank: int, world: int) -> tuple[list, int]:
+    """(this rank's share of `items`: every world-th from `rank`, how many the lower ranks hold). Its
+    group ids start at that count, so no two ranks' groups share an id, nor the sampling seeds that
+    rollout.collect draws from a stream keyed by it
+    (tests/test_train.py::test_torchrun_two_ranks_move_in_step_and_resume_exactly)."""
+    return items[rank::world], sum(len(items[q::world]) for q in range(rank))
 
 
 # -----------------------------------------------------------------------------------------------
@@ -150,9 +161,17 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
         raise SystemExit(f"{world} ranks each train on a share of every batch: train.tasks_per_step "
                          f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be >= {world}")
     out = Path(cfg.out_dir)
-    rundir.claim_run_dir(out, resume, restart, move=rank == 0)
-    if world > 1:
-        torch.distributed.barrier()  # rank 0 has moved the old run aside before anyone writes
+    # rank 0 alone looks and moves an old run aside, once for every node; another rank looking
+    # meanwhile could see the directory vanish under it. Every rank then says rank 0's refusal.
+    refusal = None
+    if rank == 0:
+        try:
+            rundir.claim_run_dir(out, resume, restart)
+        except SystemExit as e:
+            refusal = e.code
+    refusal = distributed.from_rank0(refusal, world)  # after it, no one writes before the claim
+    if refusal is not None:
+        raise SystemExit(refusal)
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)  # checkpoints carry numpy's state too: a function of the seed, like the others
@@ -165,6 +184,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
                              **{"seed": cfg.seed, **cfg.model.tiny})
     if world > 1:
         torch.distributed.barrier()
+    distributed.check_shared_dirs([out] + ([Path(cfg.model.path)] if cfg.model.build_tiny else []), world)
     learner.check_model_path(cfg)
     ckpt, state = rundir.resume_checkpoint(out / "checkpoints") if resume else (None, {})
     if rank == 0:
@@ -256,9 +276,10 @@ def start_policy(r: Run, version: int) -> rollout.Policy:
 def rollout_step(r: Run, policy, step: int):
     """Step `step`'s episodes on this rank: (step, all ranks' tasks, trajectories, seconds, generation seconds)."""
     tasks = step_tasks(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)  # logged whole; this rank's share:
+    mine, before = rank_share(tasks, r.rank, r.world)
     g0, t0 = policy.gen_busy_s, time.time()
-    trajs = rollout.collect(tasks[r.rank::r.world], policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,
-                            group_id_start=step * r.cfg.train.tasks_per_step, progress=False, experts=r.experts)
+    trajs = rollout.collect(mine, policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,
+                            group_id_start=step * r.cfg.train.tasks_per_step + before, progress=False, experts=r.experts)
     return step, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
 
 
@@ -299,6 +320,18 @@ def next_rollout(r: Run, policy, step: int, produced: queue.Queue | None):
     return tasks, trajs, 0, t_roll, t_gen
 
 
+def share_experts(r: Run, trajs):
+    """Refresh every rank's experts from every rank's successes (rollout.refresh_expert): each rank
+    rolled out only its share of the tasks, and the checkpoint keeps rank 0's dict, so a resume
+    would otherwise lose what the other ranks learnt (tests/test_train.py::
+    test_torchrun_two_ranks_move_in_step_and_resume_exactly). Equally short successes: the lower
+    rank's wins, on every rank alike. Collective: the loop calls it, not the async producer, whose
+    collectives would interleave with the trainer's."""
+    if r.world > 1 and r.rcfg.refresh_expert:
+        pairs = [p for part in distributed.gather(rollout.successes(trajs), r.world) for p in part]
+        r.experts.update(rollout.shortest_per_task(pairs))
+
+
 def episode_stats(trajs, world: int) -> tuple[float, float, bool]:
     """(mean reward, success rate, whether to update) over every rank's valid episodes. Every rank
     updates or none does (collectives); a rank with no valid trajectory has no batch."""
@@ -315,8 +348,9 @@ def heldout_eval(r: Run, policy, step: int) -> tuple[float, float]:
     t0, cfg = time.time(), r.cfg
     ecfg = dataclasses.replace(r.rcfg, temperature=cfg.eval.temperature, prefill_prob=0.0,
                                group_redundancy=0, max_staleness=None)
-    trajs = rollout.collect(r.eval_tasks[r.rank::r.world], policy, r.env, ecfg, group_size=cfg.eval.samples,
-                            group_id_start=10 ** 6, progress=False)
+    mine, before = rank_share(r.eval_tasks, r.rank, r.world)
+    trajs = rollout.collect(mine, policy, r.env, ecfg, group_size=cfg.eval.samples, group_id_start=10 ** 6 + before,
+                            progress=False)
     valid = [t for t in trajs if t.valid]
     succ = distributed.all_mean([sum(t.reward > 0 for t in valid) / max(1, len(valid))], r.world, len(valid))[0]
     rollout.write_jsonl(trajs, r.out / (f"eval_trajectories.rank{r.rank}.jsonl" if r.world > 1 else "eval_trajectories.jsonl"))
@@ -376,6 +410,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
         # 1. rollout (engine awake)
         tasks, trajs, n_stale, t_roll, t_gen = next_rollout(r, policy, step, produced)
         rollout.write_jsonl(trajs, traj_file)
+        share_experts(r, trajs)
         reward, success, train_now = episode_stats(trajs, world)
 
         # 2. advantages, 3. engine sleeps, 4. update in token-budget micro-batches
@@ -416,7 +451,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
                "time/step": time.time() - t_step,  # wall clock; async mode hides rollout time behind training
                **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()},
-               **rank_times(world, trajs, t_roll, t_train)}
+               **rank_times(world, trajs, t_roll, t_train), **r.env.host_stats()}
         if rank == 0:
             log.log(rec)
 
@@ -427,7 +462,8 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
             checkpoint(r, done, opt, sched)
         t_ckpt = time.time() - t0  # logged with the next step
         bar.set_postfix(reward=f"{reward:.2f}", success=f"{success:.0%}",
-                        eval="-" if eval_succ is None else f"{eval_succ:.0%}")
+                        eval="-" if eval_succ is None else f"{eval_succ:.0%}",
+                        **({"hosts": hp} if (hp := r.env.hosts_postfix()) else {}))
     stop.set()
     policy.close()
     r.env.close()
@@ -465,6 +501,13 @@ def dry_run(cfg: Config) -> int:
             except docker.errors.ImageNotFound:
                 problems.append(f"docker image {img} missing (build it: docker build -t {img} tasks/base)")
         print(f"docker: reachable, {len(images)} base image(s) checked")
+        for spec in cfg.env.hosts:  # each sandbox host: an authenticated transport, answering
+            try:
+                h = hosts.parse_host(spec)
+                hosts.connect(docker, h, hosts.PROBE_TIMEOUT_S).ping()
+                print(f"docker host {h.name}: reachable")
+            except Exception as e:
+                problems.append(str(e) if isinstance(e, ValueError) else f"docker host {spec}: not reachable ({e})")
     except Exception as e:
         problems.append(f"docker: not reachable ({type(e).__name__}: {e}); start dockerd")
     print(f"device: {device}; engine: {cfg.engine.kind}; {'LoRA' if cfg.model.lora else 'full'} fine-tuning; "
@@ -493,7 +536,10 @@ def main(argv=None):
             raise SystemExit(f"config error: {e}")
         if a.dry_run:
             raise SystemExit(dry_run(cfg))
-        run(cfg, resume=a.resume, restart=a.restart)
+        try:
+            run(cfg, resume=a.resume, restart=a.restart)
+        except hosts.HostsDown as e:  # every sandbox host silent: the last checkpoint is where --resume starts
+            raise SystemExit(f"stopped: {e}; then resume with --resume")
 
 
 if __name__ == "__main__":

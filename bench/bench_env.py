@@ -1,20 +1,26 @@
 """Benchmark env.py: per-command round trip (persistent session vs a `docker exec` per command),
 reset latency (cold container start vs warm pool) and grading (tests inline vs uploaded).
-Targets: <= 2 ms per command, <= 50 ms warm reset.
+Targets: <= 2 ms per command, <= 50 ms warm reset. With --hosts, instead: episode start and reset
+rates on one Docker host and on two (the second a dockerd beside the first, scripts/second_dockerd.py).
 
     python bench/bench_env.py [--commands 300] [--resets 10]
+    python bench/bench_env.py --hosts 1 2 [--episodes 24] [--threads 8]
 """
 import argparse
 import dataclasses
+import os
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import env as E  # noqa: E402
 import tasks as T  # noqa: E402
+from second_dockerd import Dockerd  # noqa: E402
 
 
 def median_ms(fn, n):
@@ -26,11 +32,68 @@ def median_ms(fn, n):
     return statistics.median(times), sorted(times)[int(0.9 * (n - 1))]
 
 
+def host_rates(urls: list, tasks: list, episodes: int, threads: int) -> list:
+    """Rows for one host list: cold starts (`episodes` resets at once on `threads` threads, held, then
+    closed) and sustained reset → close cycles with a warm pool of 2 per host."""
+    rows, n = [], len(urls)
+    with E.Env(hosts=urls, warm=0) as env:
+        with ThreadPoolExecutor(2 * n) as pool:  # the base image onto every host first (a load, not a start)
+            for t in list(pool.map(env.reset, tasks[:2 * n])):
+                t.close()
+        env.host_stats()
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            terms = list(pool.map(env.reset, [tasks[i % len(tasks)] for i in range(episodes)]))
+        wall = time.perf_counter() - t0
+        stats = env.host_stats()
+        spread = " ".join(f"{h.name}:{sum(t.host is h for t in terms)}" for h in env._hosts.hosts)
+        lat = " ".join(f"{h.name} {stats[f'hosts/{h.name}/start_s']:.2f}s" for h in env._hosts.hosts
+                       if stats[f"hosts/{h.name}/start_s"] is not None)
+        rows.append((f"{n} host(s): cold starts, {episodes} at once", f"{episodes / wall:.2f} /s",
+                     f"{wall:.1f} s; spread {spread}; mean start {lat}"))
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda t: t.close(), terms))
+        rows.append((f"{n} host(s): removals", f"{episodes / (time.perf_counter() - t0):.2f} /s", ""))
+    with E.Env(hosts=urls, warm=2) as env:
+        env.warmup(tasks[:1])
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda _: env.reset(tasks[0]).close(), range(episodes)))
+        wall = time.perf_counter() - t0
+        rows.append((f"{n} host(s): reset + close, warm pool 2/host", f"{episodes / wall:.2f} /s", f"{wall:.1f} s"))
+    return rows
+
+
+def bench_hosts(args):
+    tasks = T.generate_easy_tasks(8)
+    second = Dockerd().start() if 2 in args.hosts else None
+    try:
+        rows = []
+        for n in args.hosts:
+            urls = ["unix:///var/run/docker.sock,name=main"] + ([f"{second.url},name=second"] if n == 2 else [])
+            rows += host_rates(urls, tasks, args.episodes, args.threads)
+    finally:
+        if second:
+            second.remove()
+    print(f"\n{'measurement':<46} {'rate':>10}  detail")
+    for name, rate, detail in rows:
+        print(f"{name:<46} {rate:>10}  {detail}")
+    print(f"\n{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f} at the end "
+          "(both daemons of the 2-host rows share this machine)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--commands", type=int, default=300)
     ap.add_argument("--resets", type=int, default=10)
+    ap.add_argument("--hosts", type=int, nargs="+", choices=[1, 2],
+                    help="start and reset rates on 1 and/or 2 Docker hosts (the second started here)")
+    ap.add_argument("--episodes", type=int, default=24, help="--hosts: containers per measurement")
+    ap.add_argument("--threads", type=int, default=8, help="--hosts: resets at once")
     args = ap.parse_args()
+    if args.hosts:
+        return bench_hosts(args)
     task = T.generate_easy_tasks(1)[0]
     rows = []
     with E.Env(warm=0) as env:

@@ -11,12 +11,15 @@ A README command without an entry in RULES fails `test_every_readme_command_has_
 - `make test`: it is this suite. (`make demo` is checked by its recipe: a README command run here.)
 - the GPU commands (configs/qwen3-*.yaml, torchrun of 8 ranks): they need GPUs and an 8B model.
   On a machine without a GPU they are run anyway (torchrun with 2 ranks instead of 8): each must stop
-  at once and say "torch sees no GPU" exactly once.
+  at once and say "torch sees no GPU" exactly once. The two nodes' lines run together, as two
+  "nodes" on this machine meeting at a free localhost port: once per node.
 """
+import functools
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -90,10 +93,24 @@ def _check_shell(r, clone):
     assert "/app" in r.stdout  # the commands on stdin ran in the task's container, in its workdir
 
 
-def _check_no_gpu_once(r, clone):
-    """Bug: a torchrun launch without GPUs printed the same one-line error once per rank."""
+def _check_no_gpu_once(r, clone, nodes: int = 1):
+    """Bug: a torchrun launch without GPUs printed the same one-line error once per rank (and, on a
+    second node, once per rank after a 30 s wait: only RANK 0 spoke at once)."""
     out = r.stdout + r.stderr
-    assert r.returncode != 0 and out.count(NO_GPU) == 1, out[-3000:]
+    assert r.returncode != 0 and out.count(NO_GPU) == nodes, out[-3000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# the README's two-node launch; here both "nodes" are this machine, 2 ranks each, run together
+NODE = ("torchrun --nnodes 2 --node-rank {} --nproc-per-node 8 --master-addr node0 --master-port 29500 "
+        "train.py --config configs/qwen3-full-8gpu.yaml")
+ON_THIS_MACHINE = [("--nproc-per-node 8", "--nproc-per-node 2"),
+                   ("--master-addr node0 --master-port 29500", f"--master-addr 127.0.0.1 --master-port {_free_port()}")]
 
 
 RULES = {
@@ -113,6 +130,11 @@ RULES = {
         Rule(gpu=True, check=_check_no_gpu_once),
     "torchrun --nproc-per-node 8 train.py --config configs/qwen3-full-8gpu.yaml":
         Rule(gpu=True, replace=[("--nproc-per-node 8", "--nproc-per-node 2")], check=_check_no_gpu_once),
+    NODE.format(0): Rule(gpu=True, replace=ON_THIS_MACHINE,  # node 1 beside it; the exit status is node 0's
+                         append="& " + functools.reduce(lambda line, r: line.replace(*r), ON_THIS_MACHINE,
+                                                        NODE.format(1)) + "; wait $!",
+                         check=lambda r, clone: _check_no_gpu_once(r, clone, nodes=2)),
+    NODE.format(1): Rule(skip="runs beside node 0's line, in that line's rule: one node alone waits for the other"),
     "python bench/compare_algos.py": Rule(append="--seeds 0 --variants grpo " + SHORT + " --set train.steps=1 --set eval.every=0",
                                           check=lambda r, clone: (clone / "runs" / "compare-tiny" / "compare.md").exists()),
     "python scripts/get_smollm2.py": Rule(check=lambda r, clone: Path(r.stdout.split()[-1], "config.json").exists()),

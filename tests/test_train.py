@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -616,41 +617,81 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
     assert [g["lr"] for g in opt["param_groups"]] == [cfg.train.lr]
 
 
-# --- torchrun (slow): two gloo ranks, DDP and FSDP2 ------------------------------------------
+# --- torchrun (slow): two gloo ranks, on one node or two, DDP and FSDP2 ----------------------
+
+# 3 tasks and 3 SFT rows: uneven shares, so the ranks run different numbers of micro-batches
+TORCHRUN_OVERRIDES = ["model.build_tiny=false", "engine.kind=hf", "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=3",
+                      "sft.val_tasks=2", "train.tasks_per_step=3", "train.group_size=2", "train.micro_batch_tokens=300",
+                      "algo.negative_reward=-1.0", "rollout.max_turns=2", "rollout.prefill_prob=1.0",
+                      "rollout.refresh_expert=true", "eval.num_tasks=0", "checkpoint.every=1", "checkpoint.keep_last=5",
+                      "plot=false", "tensorboard=false"]
+
+
+def _torchrun(nodes: int, args: list, log: Path, per_node=((), ())) -> list:
+    """train.py `args` on 2 gloo ranks: one torchrun of 2 ranks (--standalone), or, as two nodes,
+    two torchruns of 1 rank with --nnodes 2 and their --node-rank, meeting at node 0's free
+    localhost port (the README's multi-node command). `per_node`: each node's own extra args.
+    Returns the launches; each writes <log>.<node>."""
+    if nodes == 1:
+        launches = [["--standalone", "--nproc-per-node", "2"]]
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        launches = [["--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+                     "--master-port", str(port)] for k in range(2)]
+    procs = []
+    for k, launch in enumerate(launches):
+        with open(f"{log}.{k}", "w") as f:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", *launch, "train.py", "--config", "configs/tiny.yaml",
+                 *args, *per_node[k]],
+                cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=f, stderr=subprocess.STDOUT))
+    return procs
+
+
+def _sets(keys: list) -> list:
+    return sum((["--set", k] for k in keys), [])
+
+
+def _ended(procs: list, log: Path) -> tuple[list, str]:
+    """(each launch's exit status, their output) once all have ended."""
+    codes = [p.wait(900) for p in procs]
+    return codes, "".join(f"--- node {k}\n" + Path(f"{log}.{k}").read_text()[-4000:] for k in range(len(procs)))
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, tiny_model_dir, tmp_path):
-    """2 CPU ranks (gloo, transformers engines): SFT + 1 RL step, then --resume for a 2nd, against an
-    unbroken 2-step run. Shares are uneven (3 tasks, 3 SFT rows, tiny micro-batches), so ranks run
-    different numbers of micro-batches. With algo.negative_reward=-1 every failed episode has a
-    gradient, so each RL step moves the weights. Every checkpoint records both ranks' fingerprints,
-    equal to the byte (sha256), and its model/ loads in transformers with exactly those weights; the
-    resumed run's checkpoints equal the unbroken run's bit for bit (weights, optimizer, RNG).
-    Catches: a missed gradient all-reduce / reduce-scatter (the ranks drift apart, by less than the
-    (sum, sum²) fingerprint could see), an RL update that never reaches the weights, a resume under
-    torchrun that loses the (sharded) optimizer state or the RNG states."""
+@pytest.mark.parametrize("parallel, nodes", [("ddp", 1), ("fsdp", 2)], ids=["ddp-one-node", "fsdp-two-nodes"])
+def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, nodes, tiny_model_dir, tmp_path):
+    """2 CPU ranks (gloo, transformers engines), on one node or as two nodes of one rank each:
+    SFT + 1 RL step, then --resume for a 2nd, against an unbroken 2-step run. Shares are uneven,
+    so ranks run different numbers of micro-batches. With algo.negative_reward=-1 every failed
+    episode has a gradient, so each RL step moves the weights. Every checkpoint records both ranks'
+    fingerprints, equal to the byte (sha256), and its model/ loads in transformers with exactly
+    those weights; the resumed run's checkpoints equal the unbroken run's bit for bit (weights,
+    optimizer, RNG, experts). Catches: a missed gradient all-reduce / reduce-scatter (the ranks
+    drift apart, by less than the (sum, sum²) fingerprint could see), an RL update that never
+    reaches the weights, a resume under torchrun that loses the (sharded) optimizer state or the
+    RNG states, a --restart that moves the old run aside more than once (every node's rank),
+    experts refreshed by each rank from its own share alone (the checkpoint held rank 0's: the
+    other ranks' successes were lost at a resume), and ranks that share group ids and so sampling
+    seeds."""
     import shutil
     from transformers import AutoModelForCausalLM
     model = tmp_path / "tiny"
     shutil.copytree(tiny_model_dir, model)
     out, whole = tmp_path / "run", tmp_path / "whole"
-    overrides = ["model.build_tiny=false", f"model.path={model}", "engine.kind=hf",
-                 f"train.parallel={parallel}", "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=3",
-                 "sft.val_tasks=2", "train.tasks_per_step=3", "train.group_size=2", "train.micro_batch_tokens=300",
-                 "algo.negative_reward=-1.0", "rollout.max_turns=2", "eval.num_tasks=0", "checkpoint.every=1",
-                 "checkpoint.keep_last=5", "plot=false", "tensorboard=false"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(tmp_path / "whole.log", "w") as f:  # the unbroken run, alongside the first leg
-        unbroken = subprocess.Popen(cmd + ["--set", "train.steps=2", "--set", f"out_dir={whole}"], cwd=ROOT, env=env,
-                                    stdout=f, stderr=subprocess.STDOUT)
-    for extra in (["--set", "train.steps=1"], ["--set", "train.steps=2", "--resume"]):
-        r = subprocess.run(cmd + extra + ["--set", f"out_dir={out}"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=900)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert unbroken.wait(900) == 0, (tmp_path / "whole.log").read_text()[-4000:]
+    overrides = TORCHRUN_OVERRIDES + [f"model.path={model}", f"train.parallel={parallel}"]
+    unbroken = _torchrun(nodes, _sets(overrides + ["train.steps=2", f"out_dir={whole}"]), tmp_path / "whole.log")
+    out.mkdir()  # an old run, without a checkpoint: --restart moves it aside
+    (out / "metrics.jsonl").write_text("{}\n")
+    for leg, extra in enumerate((["--restart", "--set", "train.steps=1"], ["--resume", "--set", "train.steps=2"])):
+        log = tmp_path / f"leg{leg}.log"
+        codes, said = _ended(_torchrun(nodes, _sets(overrides + [f"out_dir={out}"]) + extra, log), log)
+        assert codes == [0] * nodes, said
+    codes, said = _ended(unbroken, tmp_path / "whole.log")
+    assert codes == [0] * nodes, said
+    assert [(p / "metrics.jsonl").read_text() for p in tmp_path.glob("run.*")] == ["{}\n"]  # moved aside once
 
     base = distributed.weights_fingerprint(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32))
     digests = [base[2]]
@@ -671,3 +712,34 @@ def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, tiny_model
     tasks, _ = train.load_task_sets(cfg)
     assert [r["tasks"] for r in recs[2:]] == [[t.name for t in train.step_tasks(tasks, s, 3, 0)] for s in (0, 1)]
     assert all(r["episodes"] == 6 and len(r["time/train_ranks"]) == 2 for r in recs[2:])
+    # the experts at each checkpoint: the shortest success on each task by any rank so far
+    rows = [json.loads(line) for k in range(2) for line in (out / f"trajectories.rank{k}.jsonl").read_text().splitlines()]
+    for step in (1, 2):
+        experts = torch.load(out / "checkpoints" / f"step_{step:06d}" / "trainer.pt", weights_only=False)["experts"]
+        solved = {r["task_name"] for r in rows if r["valid"] and (r["reward"] or 0) > 0 and r["policy_version"] < step}
+        assert set(experts) == solved, (step, sorted(experts), sorted(solved))
+    assert len({r["task_name"] for r in rows if (r["reward"] or 0) > 0}) >= 2  # else the check above says little
+    # a group id names one task across all ranks (bug: every rank numbered its share from the same
+    # id, so its sampling seeds, drawn from a stream keyed by that id, were the other ranks' too)
+    task_of = {}
+    for r in rows:
+        assert task_of.setdefault((r["policy_version"], r["group_id"]), r["task_name"]) == r["task_name"], r["group_id"]
+
+
+@pytest.mark.slow
+def test_nodes_that_see_different_run_dirs_stop_at_once(tiny_model_dir, tmp_path):
+    """Bug: with no filesystem shared between the nodes (here: each node given its own out_dir),
+    node 1 ran SFT, then its engine looked for the SFT-only checkpoint that rank 0 had written on
+    node 0, and failed with a file-not-found deep in transformers; a --resume there would find other
+    checkpoints than rank 0's. Both nodes must stop at set-up, each saying once which rank does
+    not see rank 0's directory."""
+    sets = _sets(TORCHRUN_OVERRIDES + [f"model.path={tiny_model_dir}", "train.steps=1"])
+    log = tmp_path / "log"
+    codes, said = _ended(_torchrun(2, sets, log, per_node=[["--set", f"out_dir={tmp_path}/a"],
+                                                           ["--set", f"out_dir={tmp_path}/b"]]), log)
+    assert codes[0] != 0 and codes[1] != 0, said
+    for k in range(2):
+        node = Path(f"{log}.{k}").read_text()
+        assert node.count(f"rank 1 on {socket.gethostname()}: {tmp_path}/b does not hold what rank 0 wrote in "
+                          f"{tmp_path}/a") == 1, said
+    assert not (tmp_path / "a" / "checkpoints").exists()  # stopped before SFT
