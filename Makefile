@@ -1,7 +1,7 @@
 # Every target does its own set-up first (scripts/setup.sh is idempotent and quick once done).
 PYTHON ?= python3
 
-.PHONY: setup test demo validate
+.PHONY: setup test demo demo-smollm2 validate
 
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
@@ -11,6 +11,11 @@ test: setup
 
 demo: setup
 	$(PYTHON) train.py --config configs/tiny.yaml
+
+# the real pretrained model (README "A real model on CPU"); it has not yet shown a learning gain
+demo-smollm2: setup
+	$(PYTHON) scripts/get_smollm2.py
+	$(PYTHON) train.py --config configs/smollm2-cpu.yaml
 
 validate: setup
 	$(PYTHON) env.py validate tasks/

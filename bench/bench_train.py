@@ -46,9 +46,12 @@ def time_split(cfg, steps: int, metrics: str | None):
     return records
 
 
-def throughput(cfg, repeats: int):
+def scripted_batch(cfg, tok, n_tasks: int = 16, group_size: int = 2):
+    """Real trajectories of the oracle and a garbage policy on generated tasks (real containers,
+    so lengths vary as in training), as the rows learner.rl_step forwards: (batch, trajectories
+    collected). The scripted engines report log-prob 0; the batch gets plausible engine log-probs
+    and alternating rewards, so rows train."""
     import torch
-    from transformers import AutoTokenizer
     import env as envmod
     from tasks import generate_easy_tasks
     import algo
@@ -56,26 +59,47 @@ def throughput(cfg, repeats: int):
     import learner
     import rollout
 
-    if cfg.model.build_tiny:  # a fresh tiny model of the config's size, apart from the run's own
-        import tiny
-        cfg.model.path = str(tiny.build_tiny_model(ROOT / "out" / "bench-tiny", **cfg.model.tiny))
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    tasks = generate_easy_tasks(16, seed=1)
+    tasks = generate_easy_tasks(n_tasks, seed=1)
     rcfg = config.rollout_cfg(cfg)
     trajs = []
     with envmod.Env() as env:
         for mode in ("oracle", "garbage"):
             with rollout.ScriptedPolicy(tok, mode, template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools) as pol:
-                trajs += rollout.collect(tasks, pol, env, rcfg, group_size=2, progress=False)
+                trajs += rollout.collect(tasks, pol, env, rcfg, group_size=group_size, progress=False)
     batch = rollout.make_batch(trajs, tok.pad_token_id)
-    # the scripted engines report log-prob 0; give the batch plausible engine log-probs and rewards
     batch.infer_logprobs = -0.5 * batch.loss_mask
     batch.reward = torch.where(batch.valid, torch.arange(len(batch)).remainder(2).float(), batch.reward)
     acfg = config.algo_cfg(cfg)
     adv = algo.compute_advantages(batch, acfg)
     rows, _ = algo.rows_that_train(batch, adv, algo.keep_rows(batch, adv, acfg)[0], acfg)
-    all_lengths = batch.attention_mask.sum(1).tolist()
-    batch = learner.select_rows(batch, rows)[0]  # the rows learner.rl_step forwards: the same tokens for both
+    return learner.select_rows(batch, rows)[0], len(trajs)  # the same tokens for both timings
+
+
+def bare_backward(model, batch, groups):
+    """What a hand-written transformers loop does with the same micro-batches: full logits,
+    cross-entropy on every next token, loss.backward()."""
+    import torch
+    import learner
+    for rows in groups:
+        mb, _ = learner.select_rows(batch, rows)
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
+                                                 mb.input_ids[:, 1:].flatten(), reduction="sum")
+        loss.backward()
+
+
+def throughput(cfg, repeats: int):
+    from transformers import AutoTokenizer
+    import algo
+    import config
+    import learner
+
+    if cfg.model.build_tiny:  # a fresh tiny model of the config's size, apart from the run's own
+        import tiny
+        cfg.model.path = str(tiny.build_tiny_model(ROOT / "out" / "bench-tiny", **cfg.model.tiny))
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    rcfg, acfg = config.rollout_cfg(cfg), config.algo_cfg(cfg)
+    batch, n_trajs = scripted_batch(cfg, tok)
     lengths = batch.attention_mask.sum(1).tolist()
     groups = learner.pack_by_tokens(lengths, cfg.train.micro_batch_tokens)
     per = max(1, len(lengths) * cfg.train.micro_batch_tokens // (max(lengths) * len(lengths)))
@@ -84,12 +108,7 @@ def throughput(cfg, repeats: int):
     opt, sched = learner.make_optimizer(model, 1e-5, 0.0, [0.9, 0.999], 0, 100, "constant")
 
     def bare():
-        for rows in groups:
-            mb, _ = learner.select_rows(batch, rows)
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
-                                                     mb.input_ids[:, 1:].flatten(), reduction="sum")
-            loss.backward()
+        bare_backward(model, batch, groups)
         model.zero_grad(set_to_none=True)
 
     def ours():
@@ -103,7 +122,7 @@ def throughput(cfg, repeats: int):
             fn()
         results[name] = min(results.get(name, 1e9), (time.perf_counter() - t0) / repeats)
     tokens = sum(lengths)
-    print(f"\nbatch: {len(lengths)} of {len(all_lengths)} trajectories can move the weights and are timed, {tokens} real tokens, lengths {min(lengths)}..{max(lengths)}, "
+    print(f"\nbatch: {len(lengths)} of {n_trajs} trajectories can move the weights and are timed, {tokens} real tokens, lengths {min(lengths)}..{max(lengths)}, "
           f"micro_batch_tokens {cfg.train.micro_batch_tokens} -> {len(groups)} micro-batches")
     for name, t in results.items():
         print(f"{name:>13}: {tokens / t:8.0f} tokens/s  ({t:.2f} s per batch)")

@@ -142,6 +142,13 @@ RULES = {
         append=SHORT + " --set train.steps=1 --set eval.every=0",
         needs=["python scripts/get_smollm2.py"],
         check=lambda r, clone: (clone / "runs" / "smollm2-cpu" / "summary.txt").exists()),
+    "make demo-smollm2": Rule(),  # as make demo: its recipe's last line is the command above
+    "python bench/bench_smollm2.py --no-warmup": Rule(
+        append="--only generation --concurrency 1 --engines full --max-tokens 2",
+        needs=["python scripts/get_smollm2.py"], check=lambda r, clone: "tokens/s" in r.stdout),
+    "python bench/bench_smollm2.py --metrics runs/smollm2-cpu/metrics.jsonl": Rule(
+        needs=["python train.py --config configs/smollm2-cpu.yaml"],
+        check=lambda r, clone: "generation" in r.stdout and "trainer" not in r.stdout),
     "python env.py validate tasks/ --k 3 --json validate.json":
         Rule(replace=[("tasks/ ", "tasks/fix-json-config ")], append="--k 1",
              check=lambda r, clone: json.loads((clone / "validate.json").read_text())["tasks"][0]["status"] == "ok"),
