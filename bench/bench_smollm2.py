@@ -212,8 +212,6 @@ def trainer(cfg, batch, batch_no_tools, repeats: int, warmup: bool, lora: bool):
         (w2, c2) = best[names[2]]
         print(f"{names[2]:>50}: {t2 / w2:6.1f} tokens/s ({w2:6.1f} s a step; {c2:6.1f} CPU s) on {t2} tokens: "
               f"step {w2 / w1 - 1:+.1%} wall, {c2 / c1 - 1:+.1%} CPU", flush=True)
-    del model, opt, bare_opt
-    gc.collect()
 
 
 # -----------------------------------------------------------------------------------------------
@@ -253,7 +251,7 @@ def main(argv=None):
     ap.add_argument("--engines", nargs="+", choices=["full", "lora"], default=["full", "lora"])
     ap.add_argument("--tasks", type=int, default=1, help="generated tasks of the trainer's batch (x2 policies x group)")
     ap.add_argument("--group", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=2, help="timed trainer steps of each kind, after a warm-up")
+    ap.add_argument("--repeats", type=int, default=1, help="timed trainer steps of each kind (the min is printed)")
     ap.add_argument("--no-warmup", action="store_true", help="time the first trainer steps too (a loaded machine)")
     ap.add_argument("--modes", nargs="+", choices=["full", "lora"], default=["full", "lora"],
                     help="what the trainer trains")
@@ -280,6 +278,7 @@ def main(argv=None):
             no_tools, _ = scripted_batch(cfg_nt, tok, a.tasks, a.group)
         for mode in a.modes:
             trainer(cfg, batch, no_tools, a.repeats, not a.no_warmup, lora=mode == "lora")
+            gc.collect()  # the model and optimizer of this mode, before the next loads
     if "generation" in a.only:
         for kind in a.engines:
             generation(cfg, tok, a.concurrency, a.max_tokens or config.rollout_cfg(cfg).max_tokens_per_turn, lora=kind == "lora")
