@@ -76,7 +76,8 @@ class EnvConfig:
     #                                        the container start (bench/bench_env.py: cold vs warm reset)
     hosts: list = field(default_factory=list)  # Docker hosts for the sandboxes, "URL[,capacity=N][,labels=a:b][,tls=DIR]"
     #                                        each (README "Sandboxes on several Docker hosts"); [] = DOCKER_HOST's daemon alone
-    hosts_down_wait_s: float = 120.0       # every host silent this long: the run stops (one down host never stops it)
+    hosts_down_wait_s: float = 120.0       # every host silent this long: the run stops (one down host never stops it:
+    #                                        tests/test_hosts.py::test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other)
 
 
 @dataclass
