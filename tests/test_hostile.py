@@ -23,8 +23,8 @@ def _procs(term) -> dict:
 
 def _settles(ok, why, within: float = 3.0):
     """ok() becomes true within `within` s: a SIGKILLed process leaves the table only once the kernel
-    has reaped it, which on a loaded machine (load 20, the CI run beside a training run) came after
-    the next command had returned; a process that is really left behind is still there after 3 s."""
+    has reaped it, which on a loaded machine can come after the next command has returned; a process
+    really left behind is still there when the time is up."""
     end = time.monotonic() + within
     while not ok():
         assert time.monotonic() < end, why()
