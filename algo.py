@@ -447,6 +447,17 @@ def rows_with_signal(advantages, sampled, imitation):
     return ((advantages * sampled).abs().sum(-1) > 0) | (imitation.sum(-1) > 0)
 
 
+def can_move(batch: Batch, advantages, cfg: AlgoConfig) -> bool:
+    """Whether any term of the loss can move the weights, whatever the masks: a KL or entropy term,
+    or a valid row with a sampled token of nonzero advantage or an imitation token. False for a
+    batch of failures under a loss that learns from successes only (IPA's T+ with R in {0, 1})."""
+    if cfg.kl_coef or cfg.entropy_coef:
+        return True
+    valid = batch.valid[:, None].float()
+    imitation = batch.imitation_mask.float() * valid * (cfg.imitation_coef != 0)
+    return bool(rows_with_signal(advantages, batch.loss_mask.float() * valid, imitation).any())
+
+
 def rows_that_train(batch: Batch, advantages, keep, cfg: AlgoConfig):
     """Rows whose loss can move the weights, and the whole batch's trained-token mask when rows are
     left out (the loss denominator counts their tokens all the same), else None.

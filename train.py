@@ -421,6 +421,11 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
         if train_now:
             batch = rollout.make_batch(trajs, r.tok.pad_token_id)
             adv = algo.compute_advantages(batch, r.acfg)
+            # a batch no loss term can learn from (every episode failed under a successes-only loss)
+            # is not trained on, and the lr schedule does not advance: AdamW's momentum would still
+            # move every weight (tests/test_train.py::test_a_batch_without_signal_leaves_the_weights_alone)
+            train_now = distributed.all_mean([float(algo.can_move(batch, adv, r.acfg))], world)[0] > 0
+        if train_now:
             if cfg.train.updates_per_step > 1:  # PPO epochs: later updates measure ratios against π_old
                 learner.fill_old_logprobs(model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature,
                                           r.rcfg.top_k, r.rcfg.top_p)

@@ -527,6 +527,33 @@ def _trajectories(out: Path, version: int) -> list[str]:
             if r["policy_version"] == version]
 
 
+def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model_dir, tmp_path):
+    """IPA with R in {0, 1} learns from successes only: an RL step whose episodes all failed leaves
+    the weights where SFT left them. Before, its zero-loss AdamW steps moved every weight by the
+    momentum SFT's steps had left (sft.keep_moments)."""
+    from safetensors.torch import load_file
+    overrides = ["model.build_tiny=false", f"model.path={tiny_model_dir}", f"out_dir={tmp_path / 'run'}",
+                 "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=4", "algo.negative_reward=0.0",
+                 "train.steps=1", "train.tasks_per_step=2", "train.group_size=2", "train.updates_per_step=2",
+                 "rollout.max_turns=2", "rollout.max_tokens_per_turn=32", "eval.at_start=false",
+                 "eval.num_tasks=1", "eval.samples=1", "checkpoint.every=1", "checkpoint.keep_last=2"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    r = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml"]
+                       + sum((["--set", o] for o in overrides), []), cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    out = tmp_path / "run"
+    rl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+          if json.loads(line)["phase"] == "rl"]
+    assert len(rl) == 1 and rl[0]["episodes"] == 4 and rl[0]["success"] == 0.0  # two SFT steps cannot solve a task
+    sft_only, after = (load_file(next((out / "checkpoints" / f"step_{s:06d}" / "model").glob("*.safetensors")))
+                       for s in (0, 1))
+    assert sft_only.keys() == after.keys()
+    for k in sft_only:
+        assert torch.equal(sft_only[k], after[k]), f"{k} moved on a batch of failures"
+    assert "loss" not in rl[0]  # no optimizer step was logged
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_model_dir, tmp_path):
