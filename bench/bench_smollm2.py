@@ -271,7 +271,9 @@ def main(argv=None):
     print(f"SmolLM2 bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, {load()}")
     if "trainer" in a.only:
         say(f"collecting {a.tasks} tasks x 2 policies x {a.group} scripted episodes in containers")
-        batch, n = scripted_batch(cfg, tok, a.tasks, a.group)
+        # with the block whatever the config says (smollm2-cpu.yaml drops it after SFT): --tools names it
+        with_block = config.load_config(a.config, a.set + ["rollout.tools_in_prompt=true"])
+        batch, n = scripted_batch(with_block, tok, a.tasks, a.group)
         no_tools = None
         if a.tools == "both":
             cfg_nt = config.load_config(a.config, a.set + ["rollout.tools_in_prompt=false"])
