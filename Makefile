@@ -12,7 +12,7 @@ test: setup
 demo: setup
 	$(PYTHON) train.py --config configs/tiny.yaml
 
-# the real pretrained model (README "A real model on CPU"); it has not yet shown a learning gain
+# the real pretrained model (README "A real model on CPU"): longer than `make demo`, and it learns more
 demo-smollm2: setup
 	$(PYTHON) scripts/get_smollm2.py
 	$(PYTHON) train.py --config configs/smollm2-cpu.yaml
