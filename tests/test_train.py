@@ -545,7 +545,7 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model_dir, tmp_pat
     out = tmp_path / "run"
     rl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
           if json.loads(line)["phase"] == "rl"]
-    assert len(rl) == 1 and rl[0]["episodes"] == 4 and rl[0]["success"] == 0.0  # two SFT steps cannot solve a task
+    assert len(rl) == 1 and rl[0]["episodes"] == 4 and rl[0]["success"] == 0.0  # the premise: two SFT steps leave the tiny model solving nothing
     sft_only, after = (load_file(next((out / "checkpoints" / f"step_{s:06d}" / "model").glob("*.safetensors")))
                        for s in (0, 1))
     assert sft_only.keys() == after.keys()
