@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from tasks import EASY_KINDS
+from generated_tasks import EASY_KINDS
 
 
 class ConfigError(ValueError):
@@ -51,7 +51,7 @@ class EngineConfig:
 
 @dataclass
 class DataConfig:
-    train_tasks: str = "generated"         # "generated" (tasks.generate_easy_tasks) or a task dir / list file
+    train_tasks: str = "generated"         # "generated" (generated_tasks.generate_easy_tasks) or a task dir / list file
     eval_tasks: str = "generated"          # same, drawn with eval_split / eval_seed
     num_generated_train: int = 64          # train tasks drawn from the generated family
     num_generated_eval: int = 32           # eval tasks drawn (those repeating a train instruction are dropped)
@@ -59,7 +59,7 @@ class DataConfig:
     eval_split: str = "heldout"            # generated eval tasks: "heldout" = unseen names and words;
     #                                        "train" = the train vocabulary in new combinations (eval_seed)
     eval_seed: int = 0
-    generated_kinds: list = field(default_factory=list)  # tasks.EASY_KINDS to generate (train and eval); [] = all
+    generated_kinds: list = field(default_factory=list)  # generated_tasks.EASY_KINDS to generate (train and eval); [] = all
     strict_tasks: bool = False             # a malformed task in train_tasks / eval_tasks is an error, not skipped
 
 

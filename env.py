@@ -1,6 +1,6 @@
 """env.py — the terminals termrl's agents live in.
 
-One Docker container per episode (the tasks come from tasks.py) with a persistent bash session,
+One Docker container per episode (the tasks come from task_folders.py and generated_tasks.py) with a persistent bash session,
 hidden tests copied in only after the episode, rewards, a warm pool of pre-started containers, and cleanup of every container we start.
 
     python env.py validate tasks/ [--k 3] [--json out.json]   # curation: oracle passes, no-op fails
@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hosts import CHECK_EVERY_S, PROBE_TIMEOUT_S, Host, HostPool, HostsDown, connect, parse_host
-from tasks import Task, TaskError, generate_easy_tasks, load_task, oracle_commands, task_dirs
+from task_folders import Task, TaskError, load_task, oracle_commands, task_dirs
+from generated_tasks import generate_easy_tasks
 
 LABEL = "termrl"  # every container and image we create carries this label
 # A root shell working on its own files needs these; everything else (mount, ptrace, raw net...) stays dropped.

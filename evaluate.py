@@ -697,7 +697,7 @@ def sampling_settings(rcfg, model: dict, tasks_spec) -> dict:
 def cmd_run(args):
     import config
     import train  # its task sets; imported here so train.py may import this module
-    from tasks import load_tasks
+    from task_folders import load_tasks
 
     cfg = config.load_config(args.config, args.set)
     if args.docker_host:  # the hosts of this evaluation, in place of the config's env.hosts
@@ -726,7 +726,7 @@ def cmd_curate(args):
     out = curate(json.loads(path.read_text()), args.min_pass, args.max_pass)
     dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # tasks.load_tasks resolves relative entries against the list's folder
+    # task_folders.load_tasks resolves relative entries against the list's folder
     out["tasks"] = [os.path.relpath(Path(p).resolve(), dest.parent.resolve()) for p in out["tasks"]]
     dest.write_text(json.dumps(out, indent=1) + "\n")
     n = out["counts"]

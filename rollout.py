@@ -44,7 +44,7 @@ import torch
 
 from algo import Batch
 from env import HostDown, InfraError
-from tasks import oracle_commands
+from task_folders import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
                   "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead", "container_stopped",
@@ -1220,7 +1220,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from transformers import AutoTokenizer
     from env import Env
-    from tasks import generate_easy_tasks, load_tasks
+    from task_folders import load_tasks
+    from generated_tasks import generate_easy_tasks
 
     tok = AutoTokenizer.from_pretrained(a.model)
     if a.engine == "vllm":

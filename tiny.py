@@ -23,7 +23,8 @@ import shutil
 import time
 from pathlib import Path
 
-from tasks import generate_easy_tasks, oracle_commands
+from task_folders import oracle_commands
+from generated_tasks import generate_easy_tasks
 
 # torch, transformers, tokenizers and jinja2 are imported inside the functions that use them, so that
 # `python tiny.py --help` and the corpus helpers start in a fraction of a second.

@@ -48,7 +48,7 @@ import tiny
 from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, rollout_cfg
 import rundir
 from rundir import RunLog, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
-from tasks import load_task_sets
+from generated_tasks import load_task_sets
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # episode threads share the tokenizer; its pool would warn at every fork
 

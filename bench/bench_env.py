@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import env as E  # noqa: E402
-import tasks as T  # noqa: E402
+import generated_tasks as G  # noqa: E402
 from second_dockerd import Dockerd  # noqa: E402
 
 
@@ -69,7 +69,7 @@ def host_rates(urls: list, tasks: list, episodes: int, threads: int) -> list:
 
 
 def bench_hosts(args):
-    tasks = T.generate_easy_tasks(8)
+    tasks = G.generate_easy_tasks(8)
     second = Dockerd().start() if 2 in args.hosts else None
     try:
         rows = []
@@ -97,7 +97,7 @@ def bench_hang():
                 R.ScriptedPolicy(tok, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
             sec, out = env._hosts.hosts[1], {}
             cfg = R.RolloutConfig(max_turns=4, num_workers=4, group_size=1, command_timeout_s=5)
-            th = threading.Thread(target=lambda: out.update(t=R.collect(T.generate_easy_tasks(4), policy, env, cfg,
+            th = threading.Thread(target=lambda: out.update(t=R.collect(G.generate_easy_tasks(4), policy, env, cfg,
                                                                           progress=False)))
             th.start()
             while sum(t.host is sec and t.task is not None and not t.closed for t in list(env._terms)) < 2:
@@ -134,7 +134,7 @@ def main():
         return bench_hang()
     if args.hosts:
         return bench_hosts(args)
-    task = T.generate_easy_tasks(1)[0]
+    task = G.generate_easy_tasks(1)[0]
     rows = []
     with E.Env(warm=0) as env:
         term = env.reset(task)

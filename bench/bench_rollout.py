@@ -23,13 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import env as E  # noqa: E402
 import rollout as R  # noqa: E402
-import tasks as T  # noqa: E402
+import generated_tasks as G  # noqa: E402
 
 ENV_KEYS = ("reset_s", "env_s", "grade_s", "close_s")
 
 
 def run(threads, episodes, latency, cmd, commands, tok, env):
-    tasks = T.generate_easy_tasks(episodes, seed=threads)
+    tasks = G.generate_easy_tasks(episodes, seed=threads)
     cfg = R.RolloutConfig(max_turns=commands + 2, max_tokens_per_turn=256, max_context=4096,
                           num_workers=threads, group_size=1, check_tokens=False)
     with R.ScriptedPolicy(tok, "fixed", latency_s=latency, commands=[cmd] * commands) as policy:

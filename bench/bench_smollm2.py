@@ -91,7 +91,7 @@ class PeakRSS:
 
 def first_prompts(cfg, tok, n: int, tools: bool) -> list[list[int]]:
     """The token ids an episode's first turn is generated from, for n generated tasks."""
-    from tasks import generate_easy_tasks
+    from generated_tasks import generate_easy_tasks
     rcfg = config.rollout_cfg(cfg)
     chat = rollout.ChatFormat(tok, tools=rollout.TOOLS if tools else None, template_kwargs=rcfg.chat_template_kwargs)
     return [chat.prompt_ids([{"role": "system", "content": rcfg.system_prompt},

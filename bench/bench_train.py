@@ -53,7 +53,7 @@ def scripted_batch(cfg, tok, n_tasks: int = 16, group_size: int = 2):
     and alternating rewards, so rows train."""
     import torch
     import env as envmod
-    from tasks import generate_easy_tasks
+    from generated_tasks import generate_easy_tasks
     import algo
     import config
     import learner

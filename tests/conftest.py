@@ -44,7 +44,7 @@ def docker_env():
 @pytest.fixture(scope="session")
 def easy_tasks():
     """16 generated easy tasks (train split, seed 0); they run on termrl-base:bookworm directly."""
-    from tasks import generate_easy_tasks
+    from generated_tasks import generate_easy_tasks
     return generate_easy_tasks(16, seed=0)
 
 

@@ -11,7 +11,8 @@ import time
 import pytest
 
 import env as E
-import tasks as T
+import task_folders as T
+import generated_tasks as G
 from conftest import FIXTURE_TASKS, ROOT
 
 
@@ -144,7 +145,7 @@ def test_tests_go_in_on_the_grading_command_or_through_the_docker_api_with_the_s
     a suite over INLINE_TESTS_MAX, or a container whose base64/tar the agent deleted, goes in through
     put_archive (docker's `extract-to-dir` event). Same grades every way; a planted /tests is replaced."""
     import os
-    task = T.generate_easy_tasks(1, seed=0, kinds=["create"])[0]
+    task = G.generate_easy_tasks(1, seed=0, kinds=["create"])[0]
     big = dataclasses.replace(task, tests={**task.tests, "data.bin": os.urandom(E.INLINE_TESTS_MAX)})
     for t, sabotage, uploads in [(task, "", 0), (big, "", 1), (task, "rm -f /usr/bin/base64", 1),
                                  (task, "rm -f /usr/bin/tar", 1)]:
@@ -237,19 +238,19 @@ def test_oracle_commands_split_top_level():
 # --- generated tasks, concurrency, curation -----------------------------------------------------
 
 def test_generated_family_splits_differ_and_are_deterministic():
-    train, again = T.generate_easy_tasks(40, seed=0), T.generate_easy_tasks(40, seed=0)
-    held = T.generate_easy_tasks(40, seed=0, split="heldout")
+    train, again = G.generate_easy_tasks(40, seed=0), G.generate_easy_tasks(40, seed=0)
+    held = G.generate_easy_tasks(40, seed=0, split="heldout")
     assert [t.instruction for t in train] == [t.instruction for t in again]
-    assert {t.metadata["kind"] for t in train} == set(T.EASY_KINDS)
+    assert {t.metadata["kind"] for t in train} == set(G.EASY_KINDS)
     train_words = set(" ".join(t.instruction + t.setup for t in train).replace("/", " ").replace(".", " ").split())
     held_words = set(" ".join(t.instruction + t.setup for t in held).replace("/", " ").replace(".", " ").split())
-    assert not (set(T._EASY_WORDS["heldout"]) | set(T._EASY_NAMES["heldout"])) & train_words
-    assert held_words & set(T._EASY_WORDS["heldout"])
-    assert T.generate_easy_tasks(7, seed=1)[0].instruction != train[0].instruction
+    assert not (set(G._EASY_WORDS["heldout"]) | set(G._EASY_NAMES["heldout"])) & train_words
+    assert held_words & set(G._EASY_WORDS["heldout"])
+    assert G.generate_easy_tasks(7, seed=1)[0].instruction != train[0].instruction
 
 
 def test_every_easy_kind_passes_oracle_and_fails_noop(docker_env):
-    for task in T.generate_easy_tasks(len(T.EASY_KINDS), seed=3, split="heldout"):
+    for task in G.generate_easy_tasks(len(G.EASY_KINDS), seed=3, split="heldout"):
         row = E.validate_task(docker_env, task, k=1)
         assert row["status"] == "ok" and row["noop"] == 0.0 and row["oracle"] == [1.0], row
 
@@ -275,7 +276,7 @@ def test_eight_episodes_at_once(docker_env, easy_tasks):
 
 def test_killed_parent_leaves_nothing_after_next_start(docker_env, easy_tasks):
     code = ("import sys, time; sys.path.insert(0, %r); import env as E, tasks as T; e = E.Env();"
-            "t = e.reset(T.generate_easy_tasks(1)[0]); print(t.id, flush=True); time.sleep(600)" % str(ROOT))
+            "t = e.reset(G.generate_easy_tasks(1)[0]); print(t.id, flush=True); time.sleep(600)" % str(ROOT))
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         cid = child.stdout.readline().strip()
@@ -388,7 +389,7 @@ def test_validate_cli_gives_each_bad_task_its_verdict_and_fails(tmp_path):
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "exception"])
 def test_own_containers_removed_on_signal_or_crash(docker_env, how):
     code = ("import sys, time; sys.path.insert(0, %r); import env as E, tasks as T; e = E.Env(warm=1);"
-            "t = e.reset(T.generate_easy_tasks(1)[0]); e.warmup([t.task]); print(t.id, flush=True);"
+            "t = e.reset(G.generate_easy_tasks(1)[0]); e.warmup([t.task]); print(t.id, flush=True);"
             "sys.stdin.readline(); raise RuntimeError('crash')" % str(ROOT))
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

@@ -205,7 +205,7 @@ def test_behaviour_skips_prefilled_and_truncated_turns():
 
 
 def test_cli_curate_and_behaviour(tmp_path, capsys):
-    import tasks
+    import task_folders
     names = sorted(p.name for p in (ev.ROOT / "tasks").iterdir() if (p / "task.yaml").exists())[:8]
     assert len(names) >= 3, "needs the bundled tasks/"
     crafted = _crafted_evaluation(names)
@@ -215,8 +215,8 @@ def test_cli_curate_and_behaviour(tmp_path, capsys):
     ev.main(["curate", str(tmp_path / "eval.json"), "--min-pass", "0.1", "--max-pass", "0.9",
              "--out", str(tmp_path / "lists" / "keep.json")])
     assert "kept 3 tasks" in capsys.readouterr().out
-    # the list is what tasks.load_tasks (and so train.py's data.train_tasks) accepts
-    kept = tasks.load_tasks(tmp_path / "lists" / "keep.json")
+    # the list is what task_folders.load_tasks (and so train.py's data.train_tasks) accepts
+    kept = task_folders.load_tasks(tmp_path / "lists" / "keep.json")
     want = [n for n, s in crafted["tasks"].items() if s["pass@1"] and 0.1 <= s["pass@1"] <= 0.9]
     assert [t.name for t in kept] == want
 
@@ -258,7 +258,7 @@ def _lines(path):
 
 def test_oracle_noop_and_resume(docker_env, easy_tasks, tiny_tokenizer, tmp_path):
     import rollout
-    import tasks as T
+    import task_folders as T
     from conftest import FIXTURE_TASKS
     tasks = easy_tasks[:2] + [T.load_task(FIXTURE_TASKS / "tb1-hello")]
     rcfg = rollout.RolloutConfig(max_turns=6, num_workers=4)

@@ -19,7 +19,7 @@ import pytest
 import env as E
 import hosts as H
 import rollout as R
-import tasks as T
+import task_folders as T
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from second_dockerd import Dockerd  # noqa: E402

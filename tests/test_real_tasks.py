@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 import env as E
-import tasks as T
+import task_folders as T
 from conftest import FIXTURE_TASKS
 
 

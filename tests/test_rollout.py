@@ -13,7 +13,7 @@ import torch
 
 import env as E
 import rollout as R
-import tasks as T
+import task_folders as T
 from conftest import ROOT, own_containers
 
 SHIPPED = ("fix-json-config", "csv-join-report")  # two shipped tasks (TB1 layout, own images)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import tasks as T
+import task_folders as T
 
 # The test scripts source a file the image ships (as TB1's uv setup sources ~/.local/bin/env).
 DOCKERFILE = """FROM termrl-base:bookworm

@@ -242,7 +242,7 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
     each unseen oracle trajectory exactly (checked against a plain forward); with
     sft.stop_at_val_prob set between two validations, SFT ends at the first one that reaches it."""
     import rollout
-    from tasks import generate_easy_tasks
+    from generated_tasks import generate_easy_tasks
     from transformers import AutoTokenizer
     tasks = generate_easy_tasks(7, seed=3, kinds=["copy"])
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import env as E
-import tasks as T
+import task_folders as T
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 TASK_DIRS = T.task_dirs(TASKS)
