@@ -178,6 +178,7 @@ class CommandResult:
     timed_out: bool
     duration_s: float
     truncated: bool
+    shell_restarted: bool = False  # the agent's shell was replaced during this command (its variables and cwd are gone)
 
 
 @dataclass
@@ -276,6 +277,7 @@ class Terminal:
         self.task: Task | None = None
         self.closed = False
         self.dead: str | None = None
+        self._restarts = 0  # shells started after the first (CommandResult.shell_restarted)
         self.disk_cap_mb = 0  # set by Env when the watchdog (not a storage quota) keeps the disk cap
         info = client.api.inspect_container(container_id)
         self._host_pid = info["State"]["Pid"]
@@ -416,6 +418,7 @@ class Terminal:
             if not self._kill_command(self._floor, shell_too=True):
                 raise InfraError(f"container {self.id[:12]}: processes survived SIGKILL")
             self._start_session()
+            self._restarts += 1
             return True
         except Exception as e:
             if not self._alive():
@@ -440,6 +443,7 @@ class Terminal:
         if self.dead:
             return self._dead_result(t0)
         first = self._end_fork_bomb()
+        restarts = self._restarts
         note, sink = "", _Capped(self.output_cap)
         nonce = os.urandom(8).hex()
         try:
@@ -448,7 +452,7 @@ class Terminal:
             if not self._restart_session():
                 return self._dead_result(t0)
             return CommandResult(f"[the shell had died ({e}); a new shell was started, please retry]",
-                                 None, False, time.monotonic() - t0, False)
+                                 None, False, time.monotonic() - t0, False, shell_restarted=True)
         deadline = t0 + timeout
         # what arrives before the begin marker is background output between commands: dropped
         found, wm = self._read_until(f"{MARK}B{nonce} ".encode(), deadline, _Capped(0))
@@ -475,7 +479,8 @@ class Terminal:
                 "; a new shell was started in the working directory]"
         if self.dead:
             return self._dead_result(t0, sink.text())
-        return CommandResult(first + sink.text() + note, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted))
+        return CommandResult(first + sink.text() + note, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted),
+                             shell_restarted=self._restarts > restarts)
 
     def _recover(self, watermark: int, why: str, sink: _Capped, nonce: str) -> str:
         self._kill_command(watermark)
