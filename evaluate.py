@@ -375,7 +375,7 @@ class Step:
 
 
 _EXIT_RE = re.compile(r"\[exit code: (-?\d+)\]")
-# what env.Terminal.run appends to the output when a command times out / floods / ends the shell
+# what terminal.Terminal.run appends to the output when a command times out / floods / ends the shell
 _TIMEOUT_NOTES = ("[command timed out after", "[command produced more than")
 _SHELL_NOTES = ("[the shell exited;", "[the shell had died", "the shell had to be restarted")
 
@@ -470,7 +470,7 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
         for lp in find_loops(cmds, loop_repeats):
             loops.append({"episode": ei, "task": _get(t, "task_name"), **lp})
         finishes[_get(t, "finish_reason")] += 1
-        if why := (_get(t, "grade") or {}).get("tampered"):  # env.Terminal.grade's evidence; graded 0
+        if why := (_get(t, "grade") or {}).get("tampered"):  # grading.grade's evidence; graded 0
             tampered.append({"episode": ei, "task": _get(t, "task_name"), "evidence": why[:300]})
         if is_valid(t):
             rewards.append(_get(t, "reward"))

@@ -43,7 +43,8 @@ from typing import Iterable
 import torch
 
 from algo import Batch
-from env import HostDown, InfraError
+from container import InfraError
+from grading import settle
 from task_folders import oracle_commands
 
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
@@ -890,31 +891,18 @@ def _run_command(term, command, cfg, traj, deadline):
     return result
 
 
-def _grade_into(traj, term):
-    """The hidden tests' verdict into traj (reward, grade record); InfraError if the harness failed."""
-    t0 = time.monotonic()
-    g = term.grade()
-    traj.timings["grade_s"] = time.monotonic() - t0
-    traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
-                  "rewards": g.rewards, "tampered": g.tampered}
-    if g.infra_error:
-        raise InfraError(g.infra_error)
-    traj.reward = float(g.reward)
-
-
-def _environment_failed(traj, term, err):
-    """An InfraError ended the episode: the row stays but is masked out of training, unless the
-    agent stopped its own container (then it is the agent's failure, reward 0). When the container
-    was lost to the infrastructure (its Docker host stopped answering, or Docker stopped
-    it: env.Terminal.lost) the finish is "sandbox_lost", which collect runs again elsewhere."""
-    if isinstance(err, HostDown) or (term is not None and term.lost()):
-        traj.finish_reason, traj.valid, traj.reward, traj.error = "sandbox_lost", False, float("nan"), str(err)
-    elif term is not None and (why := term.agent_stopped()):
-        traj.finish_reason, traj.reward = "container_stopped", 0.0
-        traj.grade = {"passed": False, "tests": {}, "output": str(err), "infra_error": None, "rewards": {},
-                      "tampered": why}
-    else:
-        traj.finish_reason, traj.valid, traj.reward, traj.error = "env_error", False, float("nan"), str(err)
+def _settle_into(traj, outcome):
+    """How the episode ended (grading.settle) into traj: reward and grade record, and where the
+    environment had its say, the finish reason, validity and error."""
+    traj.reward, traj.valid = outcome.reward, outcome.valid
+    if outcome.finish_reason is not None:
+        traj.finish_reason = outcome.finish_reason
+    if outcome.grade is not None:
+        traj.grade = outcome.grade
+    if outcome.error is not None:
+        traj.error = outcome.error
+    if outcome.grade_s is not None:
+        traj.timings["grade_s"] = outcome.grade_s
 
 
 def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, cancel=None, seed=None,
@@ -981,7 +969,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                     break
                 result = _run_command(term, call["arguments"]["command"], cfg, traj, deadline)
                 timeouts = timeouts + 1 if result.timed_out else 0
-                if term.dead:  # the agent made its container unusable (env.Terminal.dead): graded as a failure
+                if term.dead:  # the agent made its container unusable (terminal.Terminal.dead): graded as a failure
                     finish = "terminal_dead"
                     break
                 if result.timed_out and time.monotonic() >= deadline:
@@ -1002,9 +990,9 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
         traj.finish_reason, traj.num_turns = finish, turn
         if cancel is not None and cancel.is_set():
             return None
-        _grade_into(traj, term)
-    except InfraError as e:  # the environment failed, not the agent: keep the row, mask it out
-        _environment_failed(traj, term, e)
+        _settle_into(traj, settle(term))
+    except InfraError as e:  # the environment failed, or the agent stopped its container: settle says which
+        _settle_into(traj, settle(term, e))
     finally:
         if term is not None:
             t0 = time.monotonic()

@@ -113,17 +113,17 @@ def test_curate_keeps_exactly_the_moderate_tasks():
 
 def _episode(commands, task="t", reward=0.0, exit_codes=None, timeouts=(), invalid=0):
     """A trajectory row with messages built by rollout.py's own helpers, as run_episode does."""
-    import env
     import rollout
+    import terminal
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "do it"}]
     for i, cmd in enumerate(commands):
         text = rollout.tool_call_text("bash", {"command": cmd})
         call, err = rollout.parse_tool_call(text)
         assert err is None
         msgs.append({"role": "assistant", "content": text, "tool_call": call})
-        res = (env.CommandResult("...\n[command timed out after 5s and was killed; the shell is "
+        res = (terminal.CommandResult("...\n[command timed out after 5s and was killed; the shell is "
                                  "still usable]", None, True, 5.0, False) if i in timeouts else
-               env.CommandResult("out", (exit_codes or {}).get(i, 0), False, 0.1, False))
+               terminal.CommandResult("out", (exit_codes or {}).get(i, 0), False, 0.1, False))
         msgs.append({"role": "tool", "content": rollout.format_observation(res)})
     for _ in range(invalid):
         text = "<tool_call>{not json</tool_call>"

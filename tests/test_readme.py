@@ -85,8 +85,8 @@ def _check_resume(r, clone):
 
 def _check_shell(r, clone):
     """Bug: the shell cut the task instruction at 200 characters, mid-word."""
-    import env
-    instruction = env.load_task(clone / "tasks" / "git-merge-conflict").instruction
+    import task_folders
+    instruction = task_folders.load_task(clone / "tasks" / "git-merge-conflict").instruction
     assert len(instruction) > 200
     for line in instruction.strip().splitlines():
         assert line.strip() in r.stderr
@@ -149,16 +149,16 @@ RULES = {
     "python bench/bench_smollm2.py --metrics runs/smollm2-cpu/metrics.jsonl": Rule(
         needs=["python train.py --config configs/smollm2-cpu.yaml"],
         check=lambda r, clone: "generation" in r.stdout and "trainer" not in r.stdout),
-    "python env.py validate tasks/ --k 3 --json validate.json":
+    "python tasktool.py validate tasks/ --k 3 --json validate.json":
         Rule(replace=[("tasks/ ", "tasks/fix-json-config ")], append="--k 1",
              check=lambda r, clone: json.loads((clone / "validate.json").read_text())["tasks"][0]["status"] == "ok"),
-    "python env.py shell tasks/git-merge-conflict": Rule(stdin="pwd\nexit\n", check=_check_shell),
+    "python tasktool.py shell tasks/git-merge-conflict": Rule(stdin="pwd\nexit\n", check=_check_shell),
     # "Running official Terminal-Bench tasks": tests/fixtures (one TB1, one Harbor task) as the checkout
-    f"python env.py validate {TB} --k 3 --flake-runs 30 --load 4 --json validate.json":
+    f"python tasktool.py validate {TB} --k 3 --flake-runs 30 --load 4 --json validate.json":
         Rule(replace=[(TB, "tests/fixtures")], append="--k 1 --flake-runs 2 --load 2",
              check=lambda r, clone: [t["status"] for t in json.loads((clone / "validate.json").read_text())["tasks"]]
              == ["ok", "ok"]),
-    f"python env.py validate {TB} --build-network default --agent-network none --grading-network default":
+    f"python tasktool.py validate {TB} --build-network default --agent-network none --grading-network default":
         Rule(replace=[(TB, "tests/fixtures")], append="--k 1", check=lambda r, clone: "2/2 tasks ok" in r.stdout),
     f"python evaluate.py run --config configs/tiny.yaml --tasks {TB} --k 8 --model runs/tiny --out eval/tb/":
         Rule(replace=[(TB, "tests/fixtures")], append="--k 1", needs=[DEMO],
