@@ -185,6 +185,75 @@ class _Images:
             raise InfraError(f"building {task.name} ({task.dockerfile}) failed: {e}") from None
 
 
+class _WarmPool:
+    """Started containers kept ready per container config (image + limits), `warm` per live host, once
+    that config was reset 3 times or passed to Env.warmup; only the `max_pools` most recently used
+    configs keep theirs. Every call is made with Env's lock held."""
+
+    def __init__(self, warm: int, max_pools: int):
+        self.warm, self.max_pools = warm, max_pools
+        self.ready: dict[tuple, list[Terminal]] = {}  # container config -> ready terminals (any host), least recent first
+        self.starting: dict[tuple, int] = defaultdict(int)  # (config, host name) -> starts under way for the pool
+        self._resets: dict[tuple, int] = defaultdict(int)
+        self._warmed: set[tuple] = set()
+
+    def want(self, keys: set):
+        """Keep pools for these configs from now on (Env.warmup)."""
+        self._warmed |= keys
+        for k in keys:
+            self.ready.setdefault(k, [])
+
+    def take(self, key: tuple) -> tuple[Terminal | None, list[Terminal]]:
+        """A ready terminal for key (or None), and the terminals of the pools given up to keep max_pools."""
+        self._resets[key] += 1
+        pool, term = self.ready.pop(key, []), None
+        ready = [t for t in pool if t.host_ok()]
+        if ready:  # the one on the least loaded host
+            term = min(ready, key=lambda t: t.host.load())
+            pool.remove(term)
+        if key in self._warmed or self._resets[key] >= 3:  # one-off configs get no pool
+            self.ready[key] = pool  # now the most recently used config
+        evicted = []
+        while len(self.ready) > self.max_pools:  # keep pools only for the configs in use lately
+            evicted += self.ready.pop(next(iter(self.ready)))
+        return term, evicted
+
+    def deficit(self, hosts: list):
+        """(config, host) of a pool short of `warm` containers (started or starting) on a host with room, or None."""
+        for k, v in self.ready.items():
+            for h in hosts:
+                if h.free() and _fits(h, k) and sum(t.host is h for t in v) + self.starting[k, h.name] < self.warm:
+                    return k, h
+        return None
+
+    def short(self, keys: set, hosts: list) -> bool:
+        """Whether a pool of keys has fewer than `warm` ready containers on a host with room."""
+        return any(sum(t.host is h for t in self.ready.get(k, [])) < self.warm
+                   for k in keys for h in hosts if h.free() and _fits(h, k))
+
+    def give_up(self, h: Host) -> Terminal | None:
+        """A pooled terminal on h, out of its pool (a full host makes room for an episode), or None."""
+        victim = next((t for pool in self.ready.values() for t in pool if t.host is h), None)
+        if victim is not None:
+            for pool in self.ready.values():
+                if victim in pool:
+                    pool.remove(victim)
+        return victim
+
+    def drop_host(self, h: Host) -> list[Terminal]:
+        """The pooled terminals on h (drained), out of their pools."""
+        lost = [t for pool in self.ready.values() for t in pool if t.host is h]
+        for pool in self.ready.values():
+            pool[:] = [t for t in pool if t.host is not h]
+        return lost
+
+    def clear(self) -> list[Terminal]:
+        """Every pooled terminal, the pools emptied."""
+        pooled = [t for v in self.ready.values() for t in v]
+        self.ready.clear()
+        return pooled
+
+
 class Env:
     """Starts terminals for tasks on one or more Docker hosts. Thread-safe; one per process; sweeps
     stale containers on every host at start.
@@ -217,17 +286,14 @@ class Env:
             raise InfraError("cannot reach the Docker daemon" + "".join(f"; {h.name}: {h.why}" for h in self._hosts.hosts)
                              + " (run `bash scripts/setup.sh` for this machine's)")
         self.client = live[0].client  # the first live host's: image lookups, `tasktool.py shell`
-        self.warm, self.output_cap, self.max_pools = warm, output_cap, max_pools
+        self.output_cap = output_cap
         self.build_network, self.agent_network, self.grading_network = _networks(
             live, build_network, agent_network, grading_network)
         self._images = _Images(self._hosts.hosts, self._lock, docker, self.build_network)
         if multi_reward not in ("mean", "min", "error"):
             raise ValueError(f"multi_reward must be mean, min or error, got {multi_reward!r}")
         self.multi_reward = multi_reward
-        self._pool: dict[tuple, list[Terminal]] = {}  # container config -> ready terminals (any host), least recent first
-        self._starting: dict[tuple, int] = defaultdict(int)  # (config, host name) -> starts under way for the pool
-        self._resets: dict[tuple, int] = defaultdict(int)
-        self._warmed: set[tuple] = set()
+        self._pool = _WarmPool(warm, max_pools)
         self._closed = False
         self._terms = weakref.WeakSet()  # every terminal started here (the disk watchdog's list)
         self.swept = sum(sweep_stale(h.client) for h in live)
@@ -261,9 +327,7 @@ class Env:
             if not self._hosts.drain(h, why):
                 return
             h.failed += h.running
-            lost = [t for pool in self._pool.values() for t in pool if t.host is h]
-            for pool in self._pool.values():
-                pool[:] = [t for t in pool if t.host is not h]
+            lost = self._pool.drop_host(h)
         for t in lost:
             t.close()  # no docker call: the ids wait in h.lost for the rejoin's sweep
 
@@ -313,11 +377,8 @@ class Env:
             raise InfraError("Env is closed")
         if h.free():
             return True
-        victim = next((t for pool in self._pool.values() for t in pool if t.host is h), None) if h.up else None
+        victim = self._pool.give_up(h) if h.up else None
         if victim is not None:
-            for pool in self._pool.values():
-                if victim in pool:
-                    pool.remove(victim)
             threading.Thread(target=victim.close, daemon=True).start()
         return False
 
@@ -395,21 +456,21 @@ class Env:
     def _fill_loop(self):
         while True:
             with self._lock:
-                while not self._closed and not (slot := self._deficit()):
+                while not self._closed and not (slot := self._pool.deficit(self._hosts.hosts)):
                     self._lock.wait(1.0)
                 if self._closed:
                     return
                 key, host = slot
                 host.running += 1  # reserved, as _place does
-                self._starting[key, host.name] += 1  # so the other filler moves on to the next slot
+                self._pool.starting[key, host.name] += 1  # so the other filler moves on to the next slot
             try:
                 term = self._start(key, host)
             except Exception:
                 term = None
             with self._lock:
-                self._starting[key, host.name] -= 1
-                if term is not None and not self._closed and key in self._pool and term.host.up:
-                    self._pool[key].append(term)
+                self._pool.starting[key, host.name] -= 1
+                if term is not None and not self._closed and key in self._pool.ready and term.host.up:
+                    self._pool.ready[key].append(term)
                     self._lock.notify_all()
                     continue
             if term is not None:
@@ -427,27 +488,15 @@ class Env:
                         term.check_disk()
             time.sleep(DISK_CHECK_S)
 
-    def _deficit(self):
-        """(config, host) of a warm pool short of `warm` containers on a live host with room, or None."""
-        for k, v in self._pool.items():
-            for h in self._hosts.hosts:
-                if h.free() and _fits(h, k) and sum(t.host is h for t in v) + self._starting[k, h.name] < self.warm:
-                    return k, h
-        return None
-
     def warmup(self, tasks, wait: bool = True, timeout: float = 120):
         """Keep `warm` started containers ready for each distinct container config of tasks, on every
         live host with room for them."""
         keys = {self._key(t) for t in tasks}
         with self._lock:
-            self._warmed |= keys
-            for k in keys:
-                self._pool.setdefault(k, [])
+            self._pool.want(keys)
             self._lock.notify_all()
             end = time.monotonic() + timeout
-            while wait and self.warm and any(
-                    sum(t.host is h for t in self._pool.get(k, [])) < self.warm
-                    for k in keys for h in self._hosts.hosts if h.free() and _fits(h, k)):
+            while wait and self._pool.warm and self._pool.short(keys, self._hosts.hosts):
                 if time.monotonic() > end:
                     break
                 self._lock.wait(0.2)
@@ -456,21 +505,10 @@ class Env:
         """A fresh terminal for task (from the warm pool when one is ready). May raise InfraError, or
         HostsDown when every Docker host has stopped answering for env.hosts_down_wait_s."""
         key = self._key(task)
-        term = None
         with self._lock:
             if self._closed or SHUTDOWN.is_set():
                 raise InfraError("Env is closed" if self._closed else "shutting down (SIGINT/SIGTERM)")
-            self._resets[key] += 1
-            pool = self._pool.pop(key, [])
-            ready = [t for t in pool if t.host_ok()]
-            if ready:  # the one on the least loaded host
-                term = min(ready, key=lambda t: t.host.load())
-                pool.remove(term)
-            if key in self._warmed or self._resets[key] >= 3:  # one-off configs get no pool
-                self._pool[key] = pool  # now the most recently used config
-            evicted = []
-            while len(self._pool) > self.max_pools:  # keep pools only for the configs in use lately
-                evicted += self._pool.pop(next(iter(self._pool)))
+            term, evicted = self._pool.take(key)
             self._lock.notify_all()
         for t in evicted:
             t.close()
@@ -501,8 +539,7 @@ class Env:
     def close(self):
         with self._lock:
             self._closed = True
-            pooled = [t for v in self._pool.values() for t in v]
-            self._pool.clear()
+            pooled = self._pool.clear()
             self._lock.notify_all()
         for t in pooled:
             t.close()
