@@ -375,7 +375,7 @@ class Step:
 
 
 _EXIT_RE = re.compile(r"\[exit code: (-?\d+)\]")
-# what terminal.Terminal.run appends to the output when a command times out / floods / ends the shell
+# what env.Terminal.run appends to the output when a command times out / floods / ends the shell
 _TIMEOUT_NOTES = ("[command timed out after", "[command produced more than")
 _SHELL_NOTES = ("[the shell exited;", "[the shell had died", "the shell had to be restarted")
 
