@@ -653,9 +653,10 @@ def _lora_rank(adapter, default: int) -> int:
 
 
 def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
-    """(rollout.Policy, what it is) for `model_spec` (kind 'model'), or a scripted policy
+    """(policy.Policy, what it is) for `model_spec` (kind 'model'), or a scripted policy
     (oracle / noop / garbage) that uses only the model's tokenizer."""
-    import rollout
+    from engines import ScriptedEngine
+    from policy import Policy
     from transformers import AutoTokenizer
 
     if model_spec is None and cfg.model.build_tiny:
@@ -670,7 +671,7 @@ def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
     if kind != "model":
         modes = {"oracle": ("oracle", ()), "noop": ("fixed", ()), "garbage": ("garbage", ())}
         mode, cmds = modes[kind]
-        return rollout.Policy(rollout.ScriptedEngine(tok, mode, commands=cmds), tok,
+        return Policy(ScriptedEngine(tok, mode, commands=cmds), tok,
                               template_kwargs=tkw, tools=rcfg.tools), {**info, "engine": "scripted"}
     import learner  # costly (torch, transformers): only a model policy needs them
     import train  # its engine recipe (dtype, KV cache, LoRA) so train-time and eval numbers agree
@@ -678,7 +679,7 @@ def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
     if adapter is not None:  # the engine must accept this adapter whatever the config says
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, lora=True, lora_rank=_lora_rank(adapter, cfg.model.lora_rank)))
-    policy = rollout.Policy(train.make_engine(cfg, base, device), tok, version=version,
+    policy = Policy(train.make_engine(cfg, base, device), tok, version=version,
                             template_kwargs=tkw, tools=rcfg.tools)
     if adapter is not None:
         policy.load_lora(adapter, version)

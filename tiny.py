@@ -23,6 +23,7 @@ import shutil
 import time
 from pathlib import Path
 
+from chat import tool_call_text
 from task_folders import oracle_commands
 from generated_tasks import generate_easy_tasks
 
@@ -292,15 +293,14 @@ def build_tiny_model(
 def oracle_corpus(tasks, system_prompt: str, tools) -> list[str]:
     """Rendered oracle conversations of `tasks` (with `tools` in the system turn, as the rollout
     renders them): the tiny tokenizer learns merges for them."""
-    import rollout  # costly (torch): only a build for a training run needs it
     tok = train_tokenizer(default_corpus(), 512)  # only for the chat template
     out = []
     for t in tasks:
         msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": t.instruction}]
         for c in oracle_commands(t):
-            msgs.append({"role": "assistant", "content": rollout.tool_call_text("bash", {"command": c})})
+            msgs.append({"role": "assistant", "content": tool_call_text("bash", {"command": c})})
             msgs.append({"role": "tool", "content": "[exit code: 0]"})
-        msgs.append({"role": "assistant", "content": rollout.tool_call_text("submit", {})})
+        msgs.append({"role": "assistant", "content": tool_call_text("submit", {})})
         out.append(tok.apply_chat_template(msgs, tools=tools, tokenize=False))
     return out
 

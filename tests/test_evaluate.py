@@ -112,25 +112,25 @@ def test_curate_keeps_exactly_the_moderate_tasks():
 
 
 def _episode(commands, task="t", reward=0.0, exit_codes=None, timeouts=(), invalid=0):
-    """A trajectory row with messages built by rollout.py's own helpers, as run_episode does."""
+    """A trajectory row with messages built by chat.py's own helpers, as rollout.run_episode does."""
     import env
-    import rollout
+    from chat import format_observation, parse_tool_call, tool_call_text
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "do it"}]
     for i, cmd in enumerate(commands):
-        text = rollout.tool_call_text("bash", {"command": cmd})
-        call, err = rollout.parse_tool_call(text)
+        text = tool_call_text("bash", {"command": cmd})
+        call, err = parse_tool_call(text)
         assert err is None
         msgs.append({"role": "assistant", "content": text, "tool_call": call})
         res = (env.CommandResult("...\n[command timed out after 5s and was killed; the shell is "
                                  "still usable]", None, True, 5.0, False) if i in timeouts else
                env.CommandResult("out", (exit_codes or {}).get(i, 0), False, 0.1, False))
-        msgs.append({"role": "tool", "content": rollout.format_observation(res)})
+        msgs.append({"role": "tool", "content": format_observation(res)})
     for _ in range(invalid):
         text = "<tool_call>{not json</tool_call>"
-        assert rollout.parse_tool_call(text)[0] is None
+        assert parse_tool_call(text)[0] is None
         # rollout.run_episode answers an invalid call with a *tool* message carrying the error
         msgs += [{"role": "assistant", "content": text}, {"role": "tool", "content": "Error: ..."}]
-    submit, _ = rollout.parse_tool_call(rollout.tool_call_text("submit", {}))
+    submit, _ = parse_tool_call(tool_call_text("submit", {}))
     msgs.append({"role": "assistant", "content": "", "tool_call": submit})
     return {"task_name": task, "reward": reward, "valid": True, "finish_reason": "submitted",
             "num_turns": len(commands) + invalid + 1, "messages": msgs}
@@ -258,13 +258,14 @@ def _lines(path):
 
 def test_oracle_noop_and_resume(docker_env, easy_tasks, tiny_tokenizer, tmp_path):
     import rollout
+    from policy import ScriptedPolicy
     import task_folders as T
     from conftest import FIXTURE_TASKS
     tasks = easy_tasks[:2] + [T.load_task(FIXTURE_TASKS / "tb1-hello")]
     rcfg = rollout.RolloutConfig(max_turns=6, num_workers=4)
     settings = {"policy": "oracle", "temperature": rcfg.temperature, "top_p": rcfg.top_p}
     out = tmp_path / "oracle"
-    with rollout.ScriptedPolicy(tiny_tokenizer, "oracle") as oracle:
+    with ScriptedPolicy(tiny_tokenizer, "oracle") as oracle:
         s = ev.evaluate_policy(tasks, oracle, docker_env, rcfg, 2, out, settings, progress=False)
         assert s["overall"]["pass@1"] == 1.0 and s["overall"]["pass@k"] == {"1": 1.0, "2": 1.0}
         assert all(t["pass@1"] == 1.0 and t["n"] == 2 for t in s["tasks"].values())
@@ -298,7 +299,7 @@ def test_oracle_noop_and_resume(docker_env, easy_tasks, tiny_tokenizer, tmp_path
     assert r["commands"] > 0 and r["flags"] == {} and r["loops"] == []
     assert r["invalid_tool_calls"] == 0 and r["command_fail_rate"] == 0
 
-    with rollout.ScriptedPolicy(tiny_tokenizer, "fixed", commands=()) as noop:  # submits at once
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=()) as noop:  # submits at once
         s = ev.evaluate_policy(tasks, noop, docker_env, rcfg, 1, tmp_path / "noop",
                                {"policy": "noop"}, progress=False)
     assert s["overall"]["pass@1"] == 0.0 and s["overall"]["tasks_scored"] == 3
@@ -309,9 +310,10 @@ def test_infra_failures_are_not_scored_and_are_retried(docker_env, easy_tasks, t
                                                        tmp_path):
     import dataclasses
     import rollout
+    from policy import ScriptedPolicy
     broken = dataclasses.replace(easy_tasks[0], name="broken-image", image="termrl-missing:none")
     rcfg = rollout.RolloutConfig(max_turns=4, num_workers=2)
-    with rollout.ScriptedPolicy(tiny_tokenizer, "oracle") as oracle:
+    with ScriptedPolicy(tiny_tokenizer, "oracle") as oracle:
         for attempt in (1, 2):
             s = ev.evaluate_policy([broken], oracle, docker_env, rcfg, 2, tmp_path, {},
                                    progress=False)
@@ -357,11 +359,12 @@ def test_tiny_model_through_vllm(vllm_engine, tiny_tokenizer, tiny_model_dir, do
                                  easy_tasks, tmp_path):
     """The model path: the session's vLLM engine with the tiny model samples real episodes."""
     import rollout
+    from policy import Policy
     tok = tiny_tokenizer
     rcfg = rollout.RolloutConfig(max_turns=2, max_tokens_per_turn=24, max_context=2048,
                                  temperature=1.0, num_workers=2)
     settings = {"policy": "model", "model": str(tiny_model_dir), "temperature": 1.0}
-    with rollout.Policy(vllm_engine, tok) as policy:
+    with Policy(vllm_engine, tok) as policy:
         s = ev.evaluate_policy(easy_tasks[:1], policy, docker_env, rcfg, 2, tmp_path, settings,
                                progress=False)
     t = s["tasks"][easy_tasks[0].name]
