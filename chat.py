@@ -150,3 +150,12 @@ def format_observation(result, extra_calls=0) -> str:
         lines.append(f"[only the first of {extra_calls + 1} tool calls was run; call one tool per reply]")
     return "\n".join(lines)
 
+
+def tool_message(result, extra_calls=0) -> dict:
+    """The tool message a bash command's result (env.CommandResult) becomes: `content` is what the
+    model sees, `result` the outcome as fields for readers (evaluate.episode_steps), so nobody
+    parses the text. Chat templates render `content` alone: the fields add no token
+    (tests/test_rollout.py::test_tool_message_fields_add_no_tokens)."""
+    return {"role": "tool", "content": format_observation(result, extra_calls),
+            "result": {"exit_code": result.exit_code, "timed_out": result.timed_out,
+                       "shell_restarted": result.shell_restarted, "truncated": result.truncated}}

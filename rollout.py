@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from algo import Batch
-from chat import EXAMPLE_CALL, TOOLS, format_observation, parse_tool_call
+from chat import EXAMPLE_CALL, TOOLS, parse_tool_call, tool_message
 from engines import Completion, HFEngine, Sampling, ScriptedEngine, VLLMEngine
 from env import HostDown, InfraError
 from policy import EpisodeCtx, Policy
@@ -276,7 +276,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                 if timeouts >= cfg.max_command_timeouts:
                     finish = "command_timeout"
                     break
-                new = [{"role": "tool", "content": format_observation(result, call["extra_calls"])}]
+                new = [tool_message(result, call["extra_calls"])]
             obs = chat.observation_ids(new)
             if len(traj.token_ids) + len(obs) >= cfg.max_context:
                 finish = "context_overflow"

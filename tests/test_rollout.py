@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from chat import ChatFormat, parse_tool_call, tool_call_text
+from chat import TOOLS, ChatFormat, format_observation, hermes_messages, parse_tool_call, tool_call_text, tool_message
 from engines import Completion, HFEngine, Sampling
 import env as E
 from policy import Policy, ScriptedPolicy, sync_check
@@ -89,6 +89,22 @@ def test_chat_format_deltas(tiny_tokenizer):
     full = chat.encode(chat.render(msgs)) + chat.observation_ids(new)
     assert chat.decode(full) == chat.render(msgs + new, add_generation_prompt=True)
     assert chat.decode(chat.expert_ids("ls")).endswith("</tool_call><|im_end|>")
+
+
+def test_tool_message_fields_add_no_tokens(tiny_tokenizer):
+    """The tool message's `result` fields are for readers of the trajectory: the model sees the
+    same tokens as for a message of its text alone, through the template's own tool support and
+    through the Hermes messages written for templates without it."""
+    res = E.CommandResult("slow\n[command timed out after 1s and was killed; the shell is still usable]",
+                          None, True, 1.0, True, shell_restarted=True)
+    msg = tool_message(res, extra_calls=1)
+    assert msg["result"] == {"exit_code": None, "timed_out": True, "shell_restarted": True, "truncated": True}
+    plain = {"role": "tool", "content": msg["content"]}
+    assert msg["content"] == format_observation(res, 1)
+    for tools in (TOOLS, None):
+        chat = ChatFormat(tiny_tokenizer, tools=tools)
+        assert chat.observation_ids([msg]) == chat.observation_ids([plain])
+    assert hermes_messages([msg], TOOLS) == hermes_messages([plain], TOOLS)
 
 
 def test_make_batch_schema_and_staleness(tiny_tokenizer):
