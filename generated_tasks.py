@@ -277,13 +277,14 @@ def load_task_sets(cfg) -> tuple[list[Task], list[Task]]:
     d = cfg.data
     kinds = d.generated_kinds or None
     if d.train_tasks == "generated":
-        train = generate_easy_tasks(d.num_generated_train, seed=d.generated_seed, split="train", kinds=kinds)
+        train = generate_tasks(d.generated_family, d.num_generated_train, d.generated_seed, "train", kinds)
     else:
         train = load_tasks(d.train_tasks, strict=d.strict_tasks)
     if d.eval_tasks == "generated":
-        held = generate_easy_tasks(d.num_generated_eval, seed=d.eval_seed, split=d.eval_split, kinds=kinds)
-        seen = {t.instruction for t in train}
-        held = [t for t in held if t.instruction not in seen]  # never evaluate on a task trained on
+        held = generate_tasks(d.generated_family, d.num_generated_eval, d.eval_seed, d.eval_split, kinds)
+        # never evaluate on a task trained on: a multi-step instruction repeats, its oracle's values do not
+        seen = {(t.instruction, t.solution) for t in train}
+        held = [t for t in held if (t.instruction, t.solution) not in seen]
     elif d.eval_tasks:
         held = load_tasks(d.eval_tasks, strict=d.strict_tasks)
     else:
