@@ -29,12 +29,8 @@ _EASY_COUNTS = {"train": (2, 9), "heldout": (10, 16)}
 EASY_KINDS = ["create", "count", "copy", "rename", "append", "mkdir", "delete"]
 
 
-def _easy_one(kind: str, rng: random.Random, split: str) -> tuple:
-    """(instruction, setup, solution, [(check name, bash condition)], {}) for one easy task."""
-    return *_easy_parts(kind, rng, split), {}
-
-
-def _easy_parts(kind: str, rng: random.Random, split: str) -> tuple[str, str, str, list[tuple[str, str]]]:
+def _easy_one(kind: str, rng: random.Random, split: str) -> tuple[str, str, str, list[tuple[str, str]]]:
+    """(instruction, setup, solution, [(check name, bash condition)]) for one easy task."""
     words, names = _EASY_WORDS[split], _EASY_NAMES[split]
     f, g = (f"/app/{n}.txt" for n in rng.sample(names, 2))
     w1, w2 = rng.sample(words, 2)
@@ -68,7 +64,8 @@ def _easy_parts(kind: str, rng: random.Random, split: str) -> tuple[str, str, st
 
 def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None) -> list[Task]:
     """n procedurally generated very easy tasks (kinds cycled, parameters drawn from seed)."""
-    return _generate("easy", _easy_one, EASY_KINDS, n, seed, split, kinds)
+    return _generate("easy", lambda kind, rng, split: (*_easy_one(kind, rng, split), {}), EASY_KINDS,
+                     n, seed, split, kinds)
 
 
 def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, kinds) -> list[Task]:
