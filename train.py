@@ -183,7 +183,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     if cfg.model.build_tiny and rank == 0:
         generated = cfg.data.generated_seed if cfg.data.train_tasks == "generated" else None
         tiny.build_for_tasks(cfg.model.path, train_tasks, rcfg.system_prompt, rcfg.tools, generated,
-                             **{"seed": cfg.seed, **cfg.model.tiny})
+                             cfg.data.generated_family, **{"seed": cfg.seed, **cfg.model.tiny})
     if world > 1:
         torch.distributed.barrier()
     distributed.check_shared_dirs([out] + ([Path(cfg.model.path)] if cfg.model.build_tiny else []), world)
