@@ -14,7 +14,7 @@ from pathlib import Path
 
 from container import CAPS, LABEL, BuildError, InfraError
 from env import Env
-from generated_tasks import generate_easy_tasks
+from generated_tasks import generate_easy_tasks, generate_multistep_tasks
 from grading import Grade, grade
 from hosts import HostsDown
 from task_folders import Task, TaskError, load_task, oracle_commands, task_dirs
@@ -84,6 +84,8 @@ def _validate_main(args) -> int:
     paths = task_dirs(args.tasks)
     if args.easy:
         paths += generate_easy_tasks(args.easy, split="train")
+    if args.multistep:
+        paths += generate_multistep_tasks(args.multistep, split="train")
     if not paths:
         print(f"no tasks found under {args.tasks}", file=sys.stderr)
         return 2
@@ -141,6 +143,7 @@ def main(argv=None) -> int:
     v.add_argument("--json", help="write the per-task results here")
     v.add_argument("--jobs", type=int, default=2, help="tasks validated in parallel")
     v.add_argument("--easy", type=int, default=0, help="also validate this many generated easy tasks")
+    v.add_argument("--multistep", type=int, default=0, help="also validate this many generated multi-step tasks")
     v.add_argument("--flake-runs", type=int, default=0,
                    help="after k passes, this many more oracle runs; a 1-in-10 flake needs ~30 to show")
     v.add_argument("--load", type=int, default=4, help="the flake runs go this many at a time (concurrent load)")
