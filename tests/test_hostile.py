@@ -51,7 +51,7 @@ def _forgeries(text: str) -> str:
     """Shell code that prints an end marker with exit code 0 for every token-like string seen so far,
     in every marker format the harness has used (what an agent reading its own trace could do)."""
     toks = sorted(set(re.findall(r"[0-9a-f]{16,}", text)))
-    fmts = ["\\n__termrl_%s_E 0\\n"] + [f.replace("%", "%%").replace("{}", "%s") for f in getattr(E, "FORGERY_FORMATS", [])]
+    fmts = ["\\n__termrl_%s_E 0\\n"] + [f.replace("%", "%%").replace("{}", "%s") for f in terminal.FORGERY_FORMATS]
     return "; ".join(f"builtin printf '{f}' {t}" for t in toks for f in fmts) or "true"
 
 
@@ -97,7 +97,7 @@ def test_timeout_ends_a_shell_that_ignores_signals_within_the_margin(docker_env,
         took = time.monotonic() - t0
         assert r.timed_out and r.exit_code is None and "timed out after 5s" in r.output, r
         print(f"5 s timeout, shell ignoring signals: returned after {took:.2f} s")
-        assert took <= 5 + getattr(E, "TIMEOUT_MARGIN_S", 1.5), took
+        assert took <= 5 + terminal.TIMEOUT_MARGIN_S, took
         assert term.run("echo fresh").output == "fresh\n"
         time.sleep(0.2)
         assert not any(os.path.exists(f"/proc/{h}") for h in old_shell)  # the spinning shell is gone
@@ -210,7 +210,7 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
         # up to 2 GB in 50 MB files: unchecked, all of it lands; with the watchdog the episode ends
         # one check interval after the cap (DISK_CHECK_S), however fast this machine writes
         r = term.run("for i in $(seq 40); do head -c 50M /dev/zero > /big$i || break; done; echo wrote", timeout=60)
-        time.sleep(E.DISK_CHECK_S * 2 if hasattr(E, "DISK_CHECK_S") else 0)
+        time.sleep(E.DISK_CHECK_S * 2)
         used = int(subprocess.run(["du", "-sm", upper], capture_output=True, text=True).stdout.split()[0])
         print(f"disk cap {cap_mb} MiB: the writable layer held {used} MiB when the episode ended")
         # the cap plus one check interval of writes at up to ~2 GB/s (an idle machine's page cache);
@@ -246,9 +246,9 @@ _ROLLOUT_CHILD = """
 import sys, time, threading
 sys.path.insert(0, {root!r})
 from transformers import AutoTokenizer
-import env as E, generated_tasks as G, rollout as R
+import env as E, generated_tasks as G, policy as P, rollout as R
 tok = AutoTokenizer.from_pretrained({model!r})
-policy = policy.ScriptedPolicy(tok, mode="fixed", commands=("sleep 2",) * 40, latency_s=0.05)
+policy = P.ScriptedPolicy(tok, mode="fixed", commands=("sleep 2",) * 40, latency_s=0.05)
 cfg = R.RolloutConfig(num_workers=3, group_size=4, max_turns=50, command_timeout_s=30)
 e = E.Env()
 print("ready", flush=True)
