@@ -156,7 +156,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     """Device and ranks, seeds, tasks, the tiny model when asked, the checkpoint to resume, the log,
     tokenizer, model and Docker."""
     device = learner.pick_device(cfg)
-    rank, world = distributed.init_distributed(device)
+    rank, world = distributed.init_distributed(device, cfg.train.collective_timeout_min)
     if world > 1 and (cfg.train.tasks_per_step < world or (cfg.sft.steps and cfg.sft.batch_size < world)):
         raise SystemExit(f"{world} ranks each train on a share of every batch: train.tasks_per_step "
                          f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be >= {world}")

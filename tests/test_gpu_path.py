@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+import config
 import distributed
 from conftest import ROOT
 
@@ -43,6 +44,25 @@ def test_two_ranks_run_independent_engines_on_their_own_devices(tiny_model_dir, 
         assert rr["gaps"][i] < 1e-3          # own trainer: the sync landed in this rank's engine
         assert rr["gaps"][1 - i] > 0.05      # the other rank's trainer: separate weights
     assert res[0]["tokens"] != res[1]["tokens"]
+
+
+def _torchrun(script: str, *args, timeout: int = 900) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "tests" / script), *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_collective_timeout_is_the_configs(tmp_path):
+    """Bug: init_process_group kept torch's default timeout (10 min under NCCL), shorter than one
+    rank's rollouts can finish after another's, so the watchdog ended runs in normal operation.
+    The group now waits train.collective_timeout_min: at 0.05 min (3 s) a barrier that the other
+    rank reaches 20 s late fails after ~3 s, not 20; the default is hours."""
+    assert config.TrainConfig().collective_timeout_min >= 120
+    r = _torchrun("torchrun_collectives.py", tmp_path, 20, "train.collective_timeout_min=0.05", timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    assert rank0["error"] is not None and 2 < rank0["waited_s"] < 15, rank0
 
 
 # --- fp32 master weights, bf16 compute --------------------------------------------------------
