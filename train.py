@@ -42,6 +42,7 @@ import distributed
 import env
 import hosts
 import learner
+import memory_plan
 import rollout
 import sft
 import tiny
@@ -178,6 +179,11 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     torch.manual_seed(cfg.seed)
     rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)
     train_tasks, eval_tasks = load_task_sets(cfg)
+    if device == "cuda":  # a config that cannot fit stops here, with the key to change, not in an OOM an hour in
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        problems = memory_plan.gpu_memory_plan(cfg, world, per_node, None, None, rcfg.max_context, bool(acfg.kl_coef)).problems
+        if problems:
+            raise SystemExit("memory plan: " + "; ".join(problems) + " (python train.py --dry-run prints the plan)")
     if cfg.model.build_tiny and rank == 0:
         generated = cfg.data.generated_seed if cfg.data.train_tasks == "generated" else None
         tiny.build_for_tasks(cfg.model.path, train_tasks, rcfg.system_prompt, rcfg.tools, generated,
@@ -475,12 +481,23 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     return finish(r, t_start)
 
 
-def dry_run(cfg: Config) -> int:
-    """Check config, tasks, model path, GPU and Docker without training; print what would run."""
+def dry_run(cfg: Config, nproc: int = 1, nnodes: int = 1, gpu_gb: float | None = None,
+            host_gb: float | None = None) -> int:
+    """Check config, tasks, model path, GPU and Docker without training; print what would run and,
+    for a GPU run on `nnodes` x `nproc` ranks, its memory plan (memory_plan.py)."""
     problems = []
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     if cfg.device == "cuda" and not torch.cuda.is_available():
         problems.append("device: cuda but torch sees no GPU")
+    mtext = ""
+    if device == "cuda":
+        try:
+            mplan = memory_plan.gpu_memory_plan(cfg, nproc * nnodes, nproc, gpu_gb, host_gb, rollout_cfg(cfg).max_context,
+                                                bool(algo_cfg(cfg).kl_coef))
+            mtext = mplan.text()
+            problems += [f"memory: {p}" for p in mplan.problems]
+        except SystemExit as e:
+            problems.append(str(e))
     try:
         train, held = load_task_sets(cfg)
         print(f"tasks: {len(train)} train, {len(held)} eval")
@@ -518,6 +535,7 @@ def dry_run(cfg: Config) -> int:
     print(f"device: {device}; engine: {cfg.engine.kind}; {'LoRA' if cfg.model.lora else 'full'} fine-tuning; "
           f"algo: {algo_cfg(cfg).loss}; mode: {cfg.train.mode}; steps: sft {cfg.sft.steps}, rl {cfg.train.steps} "
           f"x {cfg.train.tasks_per_step} tasks x {cfg.train.group_size}; out: {cfg.out_dir}")
+    print(mtext or "memory plan: a CPU run, not planned")
     for p in problems:
         print(f"PROBLEM: {p}")
     print("dry run: OK" if not problems else f"dry run: {len(problems)} problem(s)")
@@ -529,7 +547,14 @@ def main(argv=None):
     ap.add_argument("--config", required=True, help="YAML file (see configs/)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set train.lr=1e-5 (repeatable)")
-    ap.add_argument("--dry-run", action="store_true", help="check config, tasks, model path, docker; do not train")
+    ap.add_argument("--dry-run", action="store_true", help="check config, tasks, model path, docker and the "
+                    "memory plan of a GPU run; do not train")
+    ap.add_argument("--nproc-per-node", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                    help="--dry-run: ranks a node the run will have under torchrun (its own flag)")
+    ap.add_argument("--nnodes", type=int, default=int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get(
+                    "LOCAL_WORLD_SIZE", "1")), help="--dry-run: nodes the run will have under torchrun")
+    ap.add_argument("--gpu-gb", type=float, help="--dry-run: each GPU's memory in GiB (default: the visible GPU's, else 80)")
+    ap.add_argument("--host-gb", type=float, help="--dry-run: each host's RAM in GiB (default: this machine's when it has a GPU)")
     ap.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in <out_dir>/checkpoints")
     ap.add_argument("--restart", action="store_true",
                     help="start over in an out_dir that holds a run: the old one is moved to <out_dir>.<date-time>")
@@ -540,7 +565,7 @@ def main(argv=None):
         except ConfigError as e:
             raise SystemExit(f"config error: {e}")
         if a.dry_run:
-            raise SystemExit(dry_run(cfg))
+            raise SystemExit(dry_run(cfg, a.nproc_per_node, a.nnodes, a.gpu_gb, a.host_gb))
         try:
             run(cfg, resume=a.resume, restart=a.restart)
         except hosts.HostsDown as e:  # every sandbox host silent: the last checkpoint is where --resume starts
