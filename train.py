@@ -92,6 +92,29 @@ def make_engine(cfg: Config, model_path, device: str):
                               **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 
+def engine_topk_rule(kind: str) -> str:
+    """The rule (algo.topk_rule) this process's engine keeps its top-k / top-p support by: vLLM's
+    sampler masks with its Triton kernel wherever vLLM found Triton usable, else with PyTorch;
+    transformers' warpers keep every token tied with the k-th, as vLLM's PyTorch path does."""
+    if kind == "hf":
+        return "ties"
+    from vllm.triton_utils import HAS_TRITON
+    return "exact" if HAS_TRITON else "ties"
+
+
+def check_topk_rule(cfg: Config, rcfg, device: str):
+    """Stop unless the trainer's π_θ has the support the engine samples μ from: with top-k under
+    bf16, where tied logits are common, another rule would bias every π/μ at the edge."""
+    if rcfg.top_k <= 0 and rcfg.top_p >= 1.0:
+        return
+    engine, trainer = engine_topk_rule(cfg.engine.kind), algo.topk_rule(device)
+    if engine != trainer:
+        raise SystemExit(f"the engine ({cfg.engine.kind} on {device}) keeps its top-k/top-p support by the "
+                         f"{engine!r} rule and the trainer by {trainer!r} (algo.topk_rule): their log-probs would "
+                         f"differ at every tie. Use engine.kind vllm on the trainer's device, or rollout.top_k: -1 "
+                         f"and rollout.top_p: 1.0")
+
+
 def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
     """Full: copy every parameter into the engine in place. LoRA: save the adapter, hot-swap it."""
     if cfg.model.lora:
@@ -268,6 +291,7 @@ def start_policy(r: Run, version: int) -> rollout.Policy:
     engine = make_engine(r.cfg, r.ckpt / "model" if full_ckpt else r.cfg.model.path, r.device)
     if r.cfg.engine.kind == "vllm":
         distributed.check_engine_placement(*engine.placement(), r.device)
+    check_topk_rule(r.cfg, r.rcfg, r.device)
     policy = rollout.Policy(engine, r.tok, version=version, template_kwargs=r.rcfg.chat_template_kwargs,
                             tools=r.rcfg.tools)
     if r.ckpt is not None and r.cfg.model.lora:

