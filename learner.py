@@ -112,6 +112,14 @@ def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = Fals
     return model
 
 
+def release_cached_memory(device: str):
+    """Hand the GPU blocks torch's caching allocator holds but no tensor uses (a step's
+    activations) back to the driver before the engine wakes: vLLM allocates its weights and KV
+    cache through its own pool (CuMemAllocator), which cannot use them. A no-op on CPU."""
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
 def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):
     """HF format as is: the full model, or the peft adapter (adapter_config.json + weights)."""
     sd = state_dict if state_dict is not None else distributed.full_state_dict(model)

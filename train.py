@@ -469,6 +469,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
         # 5. sync weights into the engine, 6. check the engine now computes what the trainer does
         t0 = time.time()
+        learner.release_cached_memory(r.device)
         sync_weights(model, policy, cfg, r.out, step + 1)
         t_sync = time.time() - t0
         gap = sync_gap(model, policy, batch, cfg) if train_now else {}

@@ -133,6 +133,59 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
         policy.close()
 
 
+def test_full_sync_streams_one_tensor_at_a_time(vllm_engine, tiny_model_dir):
+    """Bug: VLLMEngine.update_weights made a list of every (name, tensor) before loading, so the
+    engine-dtype copies sync_weights casts one at a time all lived at once (+15 GiB of bf16 a rank
+    for Qwen3-8B). Now each is released once vLLM has loaded it: while streaming, at most a small
+    share of the tensors handed over is alive (vLLM's layerwise reload holds a layer's until the
+    layer is complete), none is after, and the weights landed."""
+    import gc
+    import weakref
+
+    import rollout
+    from transformers import AutoModelForCausalLM
+    new = perturbed_copy(tiny_model_dir, 0.05)
+    handed, most_alive = [], 0
+
+    def stream():  # fresh tensors, as sync_weights' casts and FSDP's gathered parameters are
+        nonlocal most_alive
+        for name, p in new.named_parameters():
+            t = p.detach().clone()
+            most_alive = max(most_alive, sum(r() is not None for r in handed))
+            handed.append(weakref.ref(t.untyped_storage()))  # alive while any view of its memory is
+            yield name, t
+            del t
+    prompt = list(range(40, 70))
+    try:
+        vllm_engine.update_weights(stream())
+        gc.collect()
+        with torch.no_grad():
+            lp, _ = algo_logprobs(new, prompt)
+        gap = rollout.sync_check(vllm_engine, [prompt], [lp])["sync/max_abs_logprob_gap"]
+    finally:
+        vllm_engine.update_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters())
+    print(f"\n{len(handed)} tensors streamed, at most {most_alive} alive at once")
+    assert gap < 1e-3
+    assert most_alive <= len(handed) // 3, (most_alive, len(handed))
+    assert not any(r() is not None for r in handed)
+
+
+def perturbed_copy(path, scale: float, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return model
+
+
+def algo_logprobs(model, seq):
+    import algo
+    ids = torch.tensor([seq])
+    return algo.token_logprobs(model(input_ids=ids).logits, ids)[0][0], None
+
+
 def _tokenizer(path):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path)
