@@ -90,6 +90,16 @@ def weights_fingerprint(model) -> list:
     return s.tolist() + [digest.hexdigest()]
 
 
+def broadcast_from_rank0(model):
+    """Rank 0's weights and buffers into every rank's copy, in place, one tensor at a time.
+    Collective."""
+    import torch
+    import torch.distributed as dist
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            dist.broadcast(t, src=0)
+
+
 def init_distributed(device: str, timeout_min: float) -> tuple[int, int]:
     """(rank, world) under torchrun; (0, 1) otherwise. Every collective waits up to `timeout_min`
     (train.collective_timeout_min) before the run stops: torch's defaults (10 min for NCCL) end a

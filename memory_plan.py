@@ -194,11 +194,15 @@ def plan(cfg, world: int, per_node: int, card: int, host_ram: int | None, max_co
             ("the largest parameter gathered in fp32 and cast", biggest * (4 + c))] + allowance
 
     # per host: what the processes of one node hold in host memory at their peaks
-    host = [(f"model load: {'the compute dtype' if m.lora else 'fp32'} on the CPU, once per rank ({per_node} a host)",
-             per_node * (c if m.lora else 4) * N)]
+    if m.lora or world == 1:
+        host = [(f"model load: {'the compute dtype' if m.lora else 'fp32'} on the CPU, once per rank ({per_node} a host)",
+                 per_node * (c if m.lora else 4) * N)]
+    else:  # learner.load_model: rank 0 reads, the other ranks take its weights
+        host = [("model load: fp32 on the CPU of rank 0 alone", 4 * N)]
     if not m.lora:
         host.append(("checkpoint: weights and AdamW state gathered on rank 0", 12 * N))
-        host.append((f"resume: gathered AdamW state (kept) + fp32 model, on each rank ({per_node})", per_node * 12 * N))
+        host.append((f"resume: the gathered AdamW state, loaded by each rank ({per_node}), + the model on rank 0",
+                     per_node * 8 * N + 4 * N))
     if m.lora and e.sleep:
         host.append((f"engine weights offloaded while asleep (level 1), {per_node} engines", per_node * N * c))
 

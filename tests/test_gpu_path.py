@@ -59,10 +59,26 @@ def test_the_collective_timeout_is_the_configs(tmp_path):
     The group now waits train.collective_timeout_min: at 0.05 min (3 s) a barrier that the other
     rank reaches 20 s late fails after ~3 s, not 20; the default is hours."""
     assert config.TrainConfig().collective_timeout_min >= 120
-    r = _torchrun("torchrun_collectives.py", tmp_path, 20, "train.collective_timeout_min=0.05", timeout=300)
+    r = _torchrun("torchrun_collectives.py", "barrier", tmp_path, 20, "train.collective_timeout_min=0.05", timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     rank0 = json.loads((tmp_path / "rank0.json").read_text())
     assert rank0["error"] is not None and 2 < rank0["waited_s"] < 15, rank0
+
+
+def test_rank_0_alone_reads_the_weights(tiny_model_dir, tmp_path):
+    """Bug: every rank loaded the whole model in fp32 into host memory at start (8 x 32.8 GB for
+    Qwen3-8B on one node). Rank 0 now reads it and the others take its weights: rank 1's model
+    directory here holds the config and tokenizer but no weights file, and both ranks end with
+    the weights of rank 0's, bit for bit."""
+    import shutil
+    from transformers import AutoModelForCausalLM
+    bare = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, bare, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    r = _torchrun("torchrun_collectives.py", "load", tmp_path, tiny_model_dir, bare, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    fps = [json.loads((tmp_path / f"rank{i}.json").read_text())["fingerprint"] for i in range(2)]
+    want = distributed.weights_fingerprint(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))
+    assert fps[0] == fps[1] == want
 
 
 # --- fp32 master weights, bf16 compute --------------------------------------------------------
