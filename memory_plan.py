@@ -64,7 +64,12 @@ def model_shape(c: dict) -> Shape:
 def load_shape(model_path: str) -> tuple[Shape, Path]:
     """The Shape of model.path, from its config.json, else from the copy shipped in
     configs/models/<name>/ for a hub id (so the plan needs no download)."""
-    for p in (Path(model_path).expanduser() / "config.json", ROOT / "configs" / "models" / Path(model_path).name / "config.json"):
+    places = [Path(model_path).expanduser() / "config.json", ROOT / "configs" / "models" / Path(model_path).name / "config.json"]
+    if model_path.count("/") == 1:  # a hub id already in the Hugging Face cache
+        from huggingface_hub import try_to_load_from_cache
+        cached = try_to_load_from_cache(model_path, "config.json")
+        places += [Path(cached)] if isinstance(cached, str) else []
+    for p in places:
         if p.is_file():
             return model_shape(json.loads(p.read_text())), p
     raise SystemExit(f"memory plan: no config.json for model.path {model_path!r} (looked in {model_path} and "

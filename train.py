@@ -26,6 +26,7 @@ import os
 import queue
 import random
 import shutil
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -206,7 +207,12 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     train_tasks, eval_tasks = load_task_sets(cfg)
     if device == "cuda":  # a config that cannot fit stops here, with the key to change, not in an OOM an hour in
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        problems = memory_plan.gpu_memory_plan(cfg, world, per_node, None, None, rcfg.max_context, bool(acfg.kl_coef)).problems
+        try:
+            problems = memory_plan.gpu_memory_plan(cfg, world, per_node, None, None, rcfg.max_context,
+                                                   bool(acfg.kl_coef)).problems
+        except SystemExit as e:  # no config.json to plan from: the run goes on unplanned, and says so
+            print(e, file=sys.stderr)
+            problems = []
         if problems:
             raise SystemExit("memory plan: " + "; ".join(problems) + " (python train.py --dry-run prints the plan)")
     if cfg.model.build_tiny and rank == 0:
