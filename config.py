@@ -114,6 +114,9 @@ class TrainConfig:
     mode: str = "sync"                     # sync (on-policy) | async (rollouts overlap training)
     max_staleness: int = 1                 # async: drop trajectories > this many versions old
     parallel: str = "ddp"                  # under torchrun: ddp | fsdp
+    collective_timeout_min: float = 180.0  # under torchrun: how long a rank waits in a collective before the run
+    #                                        stops; it must cover one rank's rollouts finishing after another's and
+    #                                        a checkpoint's writes (torch's own default: 10 min NCCL, 30 gloo)
     sync_check: bool = True                # after each sync, compare engine and trainer log-probs
     log_entropy: bool = True               # entropy metric (a softmax over the vocab per token)
 
