@@ -7,7 +7,6 @@ the grading network come with the terminal). An episode that tampered with gradi
 """
 from __future__ import annotations
 
-import base64
 import contextlib
 import fnmatch
 import io
@@ -19,12 +18,13 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 
+import docker
+
 from container import (KILL_INSIDE, Capped, HostDown, InfraError, changes, describe, first_child, zombie)
 from task_folders import Task
 from terminal import OUTPUT_CAP
 
-INLINE_TESTS_MAX = 48 << 10  # tests up to this tar size go in on the grading command line (argv <= 128 KiB)
-_NOT_INSTALLED = "__termrl_tests_not_installed__"
+REWARD_MAX = 64 << 10  # a reward file is a number or a small JSON object
 
 
 @dataclass
@@ -47,7 +47,7 @@ _VERIFIER_PATHS = re.compile(r"/tests\b|/logs/verifier|reward\.(txt|json)")
 RUNNER_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 # Programs every test harness may run, besides the words of the task's own test scripts.
 _HARNESS_PROGRAMS = {"bash", "sh", "dash", "env", "timeout", "python", "python3", "pytest", "pytest-3",
-                     "py.test", "pip", "pip3", "uv", "uvx"}
+                     "py.test", "pip", "pip3", "uv", "uvx", "rm", "mkdir"}  # rm, mkdir: verify's clean step
 _RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py", "pluggy.py"}
 _INSTALLER_CONFIGS = {"pip.conf", "uv.toml", ".pydistutils.cfg", ".npmrc", ".condarc"}
 _BIN_DIRS = ("/usr/local/sbin/", "/usr/local/bin/", "/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/")
@@ -99,30 +99,14 @@ def verify(term, exports: dict | None = None) -> tuple[Grade, bool]:
     env = {**(exports or {}), **verifier_env(t)}
     try:
         _join_grading_network(term)
-        rc, text = None, ""
         # Start from a clean /tests: nothing the agent left there or in the verifier's output counts.
-        clean = "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent"
-        tar, code = _tar(t.tests), None
-        if len(tar) <= INLINE_TESTS_MAX:
-            # one exec that cleans, unpacks and tests: each docker call costs ~80 ms of a small
-            # machine's CPU, and a generated task's whole episode only ~0.6 s
-            code, out = term.exec(
-                f"{{ {clean} && command -v base64 >/dev/null && command -v tar >/dev/null && "
-                f"printf %s {base64.b64encode(tar).decode()} | base64 -d | tar -x -C /tests; }} "
-                f"|| {{ echo {_NOT_INSTALLED}; exit 213; }}\n{t.test_command}",
-                t.test_timeout_s, env=env)
-            if code == 213 and _NOT_INSTALLED in out:
-                code = None  # no base64 or tar in this image: the docker API's way below
-        if code is None:
-            term.exec(clean, 30)
-            if not term.client.api.put_archive(term.id, "/tests", tar):
-                raise InfraError("could not copy the tests into the container")
-            code, out = term.exec(t.test_command, t.test_timeout_s, env=env)
-        for _ in range(3 if t.layout == "tb2" else 0):
-            rc, text = term.exec("for f in /logs/verifier/reward.json /logs/verifier/reward.txt; do "
-                                 "[ -f $f ] && { echo $f; cat $f; exit 0; }; done; exit 3", 30)
-            if rc != 0 or text.partition("\n")[2].strip():
-                break  # an empty read is retried: a loaded daemon can drop a short exec's output
+        # rm and mkdir are in the checked toolchain (_HARNESS_PROGRAMS); the tests go in and the
+        # reward comes out through the Docker API, so no other program of the container moves them.
+        term.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30, workdir="/")
+        if not term.client.api.put_archive(term.id, "/tests", _tar(t.tests)):
+            raise InfraError("could not copy the tests into the container")
+        code, out = term.exec(t.test_command, t.test_timeout_s, env=env)
+        rc, text = (_read_reward(term) if t.layout == "tb2" else (None, ""))
     except Exception as e:
         return _failed(term, e), False
     g, harness_failed = _score(term, code, out, rc, text)
@@ -160,6 +144,27 @@ def _score(term, code: int, out: str, rc: int | None, text: str) -> tuple[Grade,
     except (ValueError, TypeError, AttributeError) as e:
         return Grade(None, False, tests, output, f"{path}: {e}: {body[:100]!r}"), True
     return Grade(reward, reward >= 1.0, tests, output, None, rewards=rewards), False
+
+
+def _read_reward(term) -> tuple[int, str]:
+    """(0, "path\\ncontent") of the first reward file the runner left, read through the Docker API
+    once it exited; (3, "") when there is none. reward.json wins over reward.txt, as in Harbor."""
+    for path in ("/logs/verifier/reward.json", "/logs/verifier/reward.txt"):
+        try:
+            stream, stat = term.client.api.get_archive(term.id, path)
+        except docker.errors.APIError:  # no such file, or a path through a file (/logs replaced by one)
+            continue
+        data = b""
+        for chunk in stream:  # a directory or a huge file named reward.*: read no more than a reward's worth
+            data += chunk
+            if len(data) > REWARD_MAX + (64 << 10):
+                return 0, f"{path}\n[more than {REWARD_MAX} bytes]"
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member is not None and member.isfile() else None
+            body = f.read(REWARD_MAX).decode("utf-8", "replace") if f else "[not a regular file]"
+        return 0, f"{path}\n{body}"
+    return 3, ""
 
 
 def _join_grading_network(term):
@@ -266,11 +271,16 @@ def settle(term, error: Exception | None = None) -> Outcome:
 
 def verifier_env(task: Task) -> dict:
     """Environment of the test run. The rest comes from the image's config, which the agent cannot
-    change (its `export`s live in its own shell): PATH, PYTHONPATH, HOME. Python's user site is off
-    and pytest reads no conftest or ini file above /tests, only the task's own (tests/test_tampering.py)."""
+    change (its `export`s live in its own shell): PATH, PYTHONPATH, HOME. Python's user site is off,
+    pytest reads no conftest or ini file above /tests, only the task's own, loads no plugin through an
+    entry point but those the task names in pytest_plugins, and Python puts neither the working
+    directory nor a script's directory on sys.path unless the task's tests_import_agent_code
+    (tests/test_tampering.py)."""
     ini = next((f"/tests/{n}" for n in RUNNER_CONFIGS if n in task.tests), "/dev/null")
-    return {"TEST_DIR": "/tests", "PYTHONNOUSERSITE": "1",
-            "PYTEST_ADDOPTS": f"-p no:cacheprovider --rootdir=/tests --confcutdir=/tests -c {ini}"}
+    plugins = "".join(f" -p {p}" for p in task.pytest_plugins)
+    env = {"TEST_DIR": "/tests", "PYTHONNOUSERSITE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "PYTEST_ADDOPTS": f"-p no:cacheprovider --rootdir=/tests --confcutdir=/tests -c {ini}{plugins}"}
+    return env if task.tests_import_agent_code else {**env, "PYTHONSAFEPATH": "1"}
 
 
 def scalar_reward(rewards: dict, multi: str = "mean") -> float:

@@ -144,15 +144,13 @@ def test_tb2_task_partial_reward_from_reward_txt(docker_env):
         assert grading.grade(term).reward == 1.0
 
 
-def test_tests_go_in_on_the_grading_command_or_through_the_docker_api_with_the_same_grade(docker_env):
-    """Small tests are unpacked by the grading command itself (one docker exec, no archive upload);
-    a suite over INLINE_TESTS_MAX, or a container whose base64/tar the agent deleted, goes in through
-    put_archive (docker's `extract-to-dir` event). Same grades every way; a planted /tests is replaced."""
+def test_tests_go_in_through_the_docker_api_with_the_same_grade(docker_env):
+    """The tests go in by put_archive (docker's `extract-to-dir` event), never the container's own
+    base64/tar, small or big, and with those deleted the grade is the same; a planted /tests is replaced."""
     import os
     task = G.generate_easy_tasks(1, seed=0, kinds=["create"])[0]
-    big = dataclasses.replace(task, tests={**task.tests, "data.bin": os.urandom(grading.INLINE_TESTS_MAX)})
-    for t, sabotage, uploads in [(task, "", 0), (big, "", 1), (task, "rm -f /usr/bin/base64", 1),
-                                 (task, "rm -f /usr/bin/tar", 1)]:
+    big = dataclasses.replace(task, tests={**task.tests, "data.bin": os.urandom(64 << 10)})
+    for t, sabotage in [(task, ""), (big, ""), (task, "rm -f /usr/bin/base64"), (task, "rm -f /usr/bin/tar")]:
         for solve, want in [(False, 0.0), (True, 1.0)]:
             since = int(time.time()) - 1
             with docker_env.reset(t) as term:
@@ -164,7 +162,7 @@ def test_tests_go_in_on_the_grading_command_or_through_the_docker_api_with_the_s
                 events = docker_env.client.api.events(since=since, until=int(time.time()) + 1, decode=True,
                                                       filters={"container": term.id})
                 assert (g.reward, g.infra_error) == (want, None), (sabotage, g.output)
-                assert sum(e["Action"] == "extract-to-dir" for e in events) == uploads, sabotage
+                assert sum(e["Action"] == "extract-to-dir" for e in events) == 1, sabotage
 
 
 def test_grading_infra_error_is_distinct_from_failure(docker_env, tmp_path):
