@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import tarfile
 import time
@@ -49,6 +50,13 @@ RUNNER_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 _HARNESS_PROGRAMS = {"bash", "sh", "dash", "env", "timeout", "python", "python3", "pytest", "pytest-3",
                      "py.test", "pip", "pip3", "uv", "uvx", "rm", "mkdir"}  # rm, mkdir: verify's clean step
 _RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py", "pluggy.py"}
+# The packages pytest 7-8 imports at start-up, in a Python package directory (a project's own `py/`
+# or `packaging/` is not on the runner's path: PYTHONSAFEPATH).
+_RUNNER_DEPS = re.compile(r"/python[\d.]*/(dist|site)-packages/(py|attrs?|packaging|exceptiongroup|tomli|colorama|"
+                          r"more_itertools)(\.py|/|$)")
+# The shared libraries the shell and the interpreter load, wherever a copy of one is added or changed.
+_CLOSURE_LIBS = re.compile(r"(ld-linux[^/]*|ld64[^/]*|lib(c|m|dl|pthread|rt|util|tinfo|readline|ncursesw?|python3[^/]*|z|"
+                           r"expat|ffi|crypt|ssl|crypto|sqlite3|bz2|lzma|uuid|mpdec|nss_[a-z]+)\.so[.\d]*)")
 _INSTALLER_CONFIGS = {"pip.conf", "uv.toml", ".pydistutils.cfg", ".npmrc", ".condarc"}
 _BIN_DIRS = ("/usr/local/sbin/", "/usr/local/bin/", "/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/")
 
@@ -84,7 +92,7 @@ def _grade(term) -> Grade:
         return _failed(term, e)
     if evidence:
         return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
-    g, harness_failed = verify(term, exports)
+    g, harness_failed = verify(term, exports, stale_bytecode(diff))
     if harness_failed and (why := term.agent_stopped()):
         return Grade(0.0, False, g.tests, g.output, None, tampered=why)
     if harness_failed and term.harness_runs is not None and term.harness_runs(t):
@@ -93,8 +101,9 @@ def _grade(term) -> Grade:
     return g
 
 
-def verify(term, exports: dict | None = None) -> tuple[Grade, bool]:
-    """Clean /tests and /logs/verifier, unpack the tests, run them: (grade, the harness failed)."""
+def verify(term, exports: dict | None = None, stale: list | None = None) -> tuple[Grade, bool]:
+    """Clean /tests and /logs/verifier, remove the `stale` bytecode, copy the tests in, run them:
+    (grade, the harness failed)."""
     t = term.task
     env = {**(exports or {}), **verifier_env(t)}
     try:
@@ -103,6 +112,8 @@ def verify(term, exports: dict | None = None) -> tuple[Grade, bool]:
         # rm and mkdir are in the checked toolchain (_HARNESS_PROGRAMS); the tests go in and the
         # reward comes out through the Docker API, so no other program of the container moves them.
         term.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30, workdir="/")
+        for i in range(0, len(stale or ()), 500):  # argv stays far below the kernel's 2 MiB
+            term.exec("rm -f -- " + " ".join(shlex.quote(p) for p in stale[i:i + 500]), 30, workdir="/")
         if not term.client.api.put_archive(term.id, "/tests", _tar(t.tests)):
             raise InfraError("could not copy the tests into the container")
         code, out = term.exec(t.test_command, t.test_timeout_s, env=env)
@@ -321,8 +332,8 @@ def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DI
     out = []
     for path, kind in changes:
         if path.startswith(("/tests/", "/logs/", "/proc/", "/tmp/pytest-of-")) or path in ("/tests", "/logs") or \
-                any(fnmatch.fnmatch(path, g) for g in task.verifier_changes_ok):
-            continue
+                any(fnmatch.fnmatch(path, g) for g in task.verifier_changes_ok) or _pyc(path):
+            continue  # bytecode: verify removes it before the tests run
         parts, name = path.split("/"), path.rsplit("/", 1)[-1]
         why = None
         if path.startswith("/etc/ld.so.preload") or path.startswith("/etc/ld.so.conf"):
@@ -331,12 +342,16 @@ def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DI
             why = "a program the test harness runs"
         elif name in ("sitecustomize.py", "usercustomize.py") or (name.endswith(".pth") and "python" in path):
             why = "a Python startup hook"
-        elif _RUNNER_PACKAGES & set(parts) or re.search(r"/(pytest|pluggy)-[^/]*\.dist-info(/|$)", path):
+        elif _RUNNER_PACKAGES & set(parts) or _RUNNER_DEPS.search(path) or re.search(r"/(pytest|pluggy)-[^/]*\.dist-info(/|$)", path):
             why = "the test runner's package"
-        elif re.match(r"/usr/lib/python3\.\d+/(?!(dist|site)-packages/)", path) and not (kind == "A" and "__pycache__" in parts):
+        elif re.match(r"/usr/(local/)?lib/python3\.\d+/(?!(dist|site)-packages/)", path):
             why = "Python's standard library"
+        elif name == "pyvenv.cfg":
+            why = "the interpreter's home (pyvenv.cfg)"
         elif kind != "A" and re.match(r"/(usr/)?lib(64|/x86_64-linux-gnu|/aarch64-linux-gnu)?/[^/]*\.so[.\d]*$", path):
             why = "a shared library"
+        elif re.match(r"/(usr/(local/)?)?lib", path) and _CLOSURE_LIBS.fullmatch(name):
+            why = "a library the shell or the interpreter loads"
         elif len(parts) == 2 and name in RUNNER_CONFIGS + ("conftest.py",):
             why = "test runner config above /tests"
         elif name in _INSTALLER_CONFIGS:
@@ -347,6 +362,17 @@ def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DI
             out.append(f"{kinds[kind]} {path} ({why})")
     return out
 
+
+
+def _pyc(path: str) -> bool:
+    """Compiled bytecode, which verify removes before the tests run (Python recompiles it from the
+    checked source), so a planted .pyc never runs."""
+    return path.endswith(".pyc") and "/__pycache__/" in path
+
+
+def stale_bytecode(changes) -> list[str]:
+    """The .pyc files that the episode added or changed."""
+    return [p for p, kind in changes if kind != "D" and _pyc(p)]
 
 
 def _tar(files: dict) -> bytes:
