@@ -25,19 +25,18 @@ import grading
 from container import (CAPS, LABEL, SHUTDOWN, BuildError, HostDown, InfraError, install_cleanup, owner_labels,
                        register, remove, sweep_stale)
 from hosts import CHECK_EVERY_S, PROBE_TIMEOUT_S, Host, HostPool, connect, parse_host
-from task_folders import Task
+from task_folders import HIDDEN_FILES, Task
 from terminal import OUTPUT_CAP, Terminal
 
 FILE_SIZE_LIMIT = 1 << 30   # RLIMIT_FSIZE in containers: one runaway `yes > f` cannot fill the host disk
 CONTAINER_CALL_TIMEOUT_S = 60  # the Docker client's timeout for calls about one container (not builds)
 DISK_CHECK_S = 0.5          # the disk watchdog's period, where the storage driver has no quota (README "Disk cap")
 
-_HIDDEN = {"tests", "solution", "solution.sh", "solution.yaml", "run-tests.sh"}  # never in an image
 
 
 def _context_files(task: Task) -> list[tuple[str, Path]]:
     ctx = task.build_context
-    skip = _HIDDEN if task.layout == "tb1" else set()
+    skip = HIDDEN_FILES if task.layout == "tb1" else set()
     return [(str(p.relative_to(ctx)), p) for p in sorted(ctx.rglob("*"))
             if p.is_file() and not (set(p.relative_to(ctx).parts[:1]) & skip) and "__pycache__" not in p.parts]
 

@@ -40,8 +40,9 @@ class Grade:
     tampered: str | None = None  # evidence that the episode tampered with grading (reward is then 0)
 
 
-# What a harness prints when it cannot download its runner (curl, pip, uv, apt, DNS).
-_NO_NETWORK = re.compile(r"^.*(Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
+# What a harness prints when it cannot download its runner (curl, pip, uv, apt's "Temporary failure
+# resolving", DNS).
+_NO_NETWORK = re.compile(r"^.*(Could not resolve|Temporary failure (in name )?resol|Network is unreachable|"
                          r"Failed to establish a new connection|failed to lookup address|dns error).*$", re.M | re.I)
 # Where the verifier's input and output live: a process of the agent that names them is tampering.
 _VERIFIER_PATHS = re.compile(r"/tests\b|/logs/verifier|reward\.(txt|json)")

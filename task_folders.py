@@ -76,6 +76,30 @@ def _read_tests(tests_dir: Path) -> dict:
     return files
 
 
+# Never in a task image's build context (env.py): the agent could read them from the image.
+HIDDEN_FILES = {"tests", "solution", "solution.sh", "solution.yaml", "run-tests.sh"}
+
+
+def _refuse_hidden_copies(dockerfile: Path, context: Path, layout: str):
+    """A TaskError for a COPY/ADD of the tests or the solution, which are never in the build context:
+    the build would fail at episode time, and an image holding them would show the agent the tests.
+    A Harbor environment/ folder's own file of such a name is the environment's, and fine."""
+    text = dockerfile.read_text(errors="replace")
+    for n, line in enumerate(re.sub(r"\\\n", " ", text).splitlines(), 1):
+        m = re.match(r"\s*(COPY|ADD)\s+(.*)$", line, re.I)
+        if not m or "--from" in m.group(2):
+            continue
+        args = m.group(2).strip()
+        words = json.loads(args) if args.startswith("[") else [w for w in args.split() if not w.startswith("--")]
+        for src in words[:-1]:
+            first = src.removeprefix("./").split("/")[0]
+            if first in HIDDEN_FILES and (layout == "tb1" or not (context / src).exists()):
+                raise TaskError(
+                    f"{dockerfile.name if layout == 'tb1' else 'environment/' + dockerfile.name}:{n}: {line.strip()}: "
+                    f"the tests and the solution are never built into the image (the agent would read them); "
+                    "termrl copies the tests in when it grades and types the solution in for validate: delete this line")
+
+
 def _dockerfile_workdir(dockerfile: Path, default: str = "/app") -> str:
     """The last absolute WORKDIR of the Dockerfile: TB tasks put the agent where the image does."""
     found = re.findall(r"^\s*WORKDIR\s+(\S+)\s*$", dockerfile.read_text(errors="replace"), re.M | re.I)
@@ -115,6 +139,7 @@ def _load_tb1(d: Path) -> Task:
     if not isinstance(instruction, str) or not instruction.strip():
         raise TaskError(f"{f}: missing 'instruction' (the task text the agent sees)")
     dockerfile = _need(d / "Dockerfile", "the task image's Dockerfile")
+    _refuse_hidden_copies(dockerfile, d, "tb1")
     for name in _COMPOSE:
         _single_container(d / name)
     same_shell = meta.get("run_tests_in_same_shell", False)
@@ -225,6 +250,8 @@ def _load_tb2(d: Path) -> Task:
         raise TaskError(f"{f}: [environment.env] must be a table of NAME = \"value\"")
     image = env.get("docker_image")  # a prebuilt image instead of environment/Dockerfile
     dockerfile = None if image else _need(d / "environment" / "Dockerfile", "the task image's Dockerfile")
+    if dockerfile:
+        _refuse_hidden_copies(dockerfile, d / "environment", "tb2")
     _need(d / "tests" / "test.sh", "the script that runs the tests and writes /logs/verifier/reward.txt")
     tests = _read_tests(d / "tests")
     solution = _need(d / "solution" / "solve.sh", "the oracle solution").read_text()

@@ -4,6 +4,7 @@ networks (build, agent, grading) on a local internal Docker network standing in 
 Every fixture is built here from tests/fixtures or from scratch."""
 import dataclasses
 import os
+import re
 import shutil
 import time
 import uuid
@@ -168,3 +169,39 @@ def test_build_and_grading_reach_the_registry_the_agent_does_not(registry, tmp_p
             g = grading.grade(term)
             assert g.reward is None and "could not install itself" in g.infra_error, g
         env.client.images.remove(image, force=True)
+
+
+# --- as shipped: offline harnesses, hidden files in the image ---------------------------------------
+
+APT_HARNESS = ("apt-get update; apt-get install -y --no-install-recommends curl-nonexistent-pkg; "
+               "{ command -v curl-nonexistent-pkg && python3 -m pytest /tests; } || {}\n")
+
+
+@pytest.mark.parametrize("fixture,script,fail", [
+    ("tb1-hello", "run-tests.sh", "exit 1"),
+    ("tb2-partial", "tests/test.sh", "echo 0 > /logs/verifier/reward.txt"),
+])
+def test_offline_harness_that_cannot_install_itself_is_infra_in_both_layouts(docker_env, tmp_path, fixture,
+                                                                            script, fail):
+    """Bug: a Harbor test.sh whose apt printed "Temporary failure resolving" and then wrote reward 0
+    was a failure of the episode (for no test ran); it is the infrastructure's, as TB1's already was."""
+    d = _copy(fixture, tmp_path / fixture)
+    (d / script).write_text(APT_HARNESS.replace("{}", "{ " + fail + "; }"))
+    with docker_env.reset(T.load_task(d)) as term:
+        g = grading.grade(term)
+    assert g.reward is None and "could not install itself" in g.infra_error, g
+
+
+@pytest.mark.parametrize("fixture,dockerfile,line", [
+    ("tb1-hello", "Dockerfile", "COPY tests/ /tests/"),
+    ("tb1-hello", "Dockerfile", "COPY solution.sh /solution.sh"),
+    ("tb2-partial", "environment/Dockerfile", "COPY ./tests /tests"),
+    ("tb2-partial", "environment/Dockerfile", "ADD --chown=root solution/ /opt/solution"),
+])
+def test_dockerfile_that_copies_the_tests_or_the_solution_is_refused_at_load(tmp_path, fixture, dockerfile, line):
+    """Bug: a Dockerfile that COPYs the tests or the solution loaded and then failed to build at episode
+    time (they are not in the build context, where the agent could read them from the image)."""
+    d = _copy(fixture, tmp_path / fixture)
+    (d / dockerfile).write_text((d / dockerfile).read_text() + line + "\n")
+    with pytest.raises(T.TaskError, match=rf"{dockerfile}:\d+: {re.escape(line)}.*never built into the image"):
+        T.load_task(d)
