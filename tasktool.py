@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -52,6 +53,13 @@ def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4
                     f"the oracle's episode is flagged as tampering: {g.tampered}; list the paths its solution "
                     "must change in verifier_changes_ok, or set keep_agent_processes if its tests need a "
                     "service it started")
+                return row
+            if not g.passed and not task.keep_agent_processes and \
+                    run_oracle(env, dataclasses.replace(task, keep_agent_processes=True)).passed:
+                row["status"], row["error"] = "needs_service", (
+                    "the oracle passes only while the processes it started stay up during grading (a service its "
+                    "tests talk to, which the sweep before grading stops): set keep_agent_processes: true; the "
+                    "agent's daemons then stay up while the tests run too (docs/grading-integrity.md)")
                 return row
             if not g.passed:
                 row["error"] = "oracle failed: " + g.output[-600:]

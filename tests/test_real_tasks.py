@@ -205,3 +205,22 @@ def test_dockerfile_that_copies_the_tests_or_the_solution_is_refused_at_load(tmp
     (d / dockerfile).write_text((d / dockerfile).read_text() + line + "\n")
     with pytest.raises(T.TaskError, match=rf"{dockerfile}:\d+: {re.escape(line)}.*never built into the image"):
         T.load_task(d)
+
+
+SERVE = "nohup setsid python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 &\nsleep 1\n"
+PROBE = ("python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8123', timeout=5)\" "
+         "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+
+
+def test_validate_names_a_task_whose_tests_need_the_service_its_oracle_started(docker_env, tmp_path):
+    """Bug: a task whose oracle starts a web server its tests query failed validate as "oracle failed"
+    ("Connection refused": the sweep before grading had killed the server), with nothing saying why.
+    Validate says so and what to set; with keep_agent_processes the task is ok."""
+    d = _copy("tb2-partial", tmp_path / "webservice")
+    (d / "solution" / "solve.sh").write_text(SERVE)
+    (d / "tests" / "test.sh").write_text(PROBE)
+    row = tasktool.validate_task(docker_env, d, k=1)
+    assert row["status"] == "needs_service" and "keep_agent_processes" in row["error"], row
+    (d / "task.toml").write_text((d / "task.toml").read_text().replace("[metadata]\n", "[metadata]\nkeep_agent_processes = true\n"))
+    row = tasktool.validate_task(docker_env, d, k=1)
+    assert row["status"] == "ok", row
