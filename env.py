@@ -404,8 +404,12 @@ class Env:
                     raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
                 self._images.ensure(image, host)
                 try:
+                    # The image's ENTRYPOINT runs as in Harbor, with `sleep infinity` as its command
+                    # (what it starts is the image's: grading.stop_agent keeps it); none: sleep itself.
+                    entry = client.api.inspect_image(image)["Config"].get("Entrypoint") or None
                     c = client.api.create_container(
-                        image, entrypoint=["sleep", "infinity"], command=[], working_dir=workdir,
+                        image, entrypoint=entry or ["sleep", "infinity"], command=["sleep", "infinity"] if entry else [],
+                        working_dir=workdir,
                         labels={**owner_labels(), f"{LABEL}.env": self._token}, environment=dict(variables),
                         hostname="termrl", host_config=client.api.create_host_config(**_limits(key, host.disk_quota)))
                 except self._docker.errors.APIError as e:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import docker
 
-from container import (KILL_INSIDE, Capped, HostDown, InfraError, changes, describe, first_child, zombie)
+from container import (KILL_INSIDE, Capped, HostDown, InfraError, changes, describe, first_child, proc_stat, zombie)
 from task_folders import Task
 from terminal import OUTPUT_CAP
 
@@ -221,7 +221,7 @@ def stop_agent(term) -> list[str]:
     sleeper = first_child(term.host_pid, procs)
     if sleeper is None:  # the container is stopping: nothing to grade in
         return ["the process that keeps the container up was killed during the episode"]
-    keep = {term.host_pid, sleeper}
+    keep = {term.host_pid, sleeper} | _image_processes(term, procs)
     stopped: dict[int, str] = {}
     for _ in range(1000):  # SIGSTOP until no new process appears: a stopped process cannot fork
         new = [h for h in procs if h not in keep and h not in stopped]
@@ -242,6 +242,17 @@ def stop_agent(term) -> list[str]:
         time.sleep(0.005)
     return [f"a process the agent left running refers to {m.group()}: {text[:200]!r}"
             for text in stopped.values() if (m := _VERIFIER_PATHS.search(text))]
+
+
+def _image_processes(term, procs: dict) -> set:
+    """Host pids of what the image's ENTRYPOINT started before the agent's shell: container pids at
+    or below the terminal's floor that are older than the shell (a pid recycled after a wrap is not)."""
+    def born(h):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            return int(proc_stat(h)[19])
+    shell = next((h for h, n in procs.items() if n == term._session_pid), None)
+    limit = born(shell) if shell else None
+    return set() if limit is None else {h for h, n in procs.items() if n <= term._floor and (born(h) or 1 << 62) <= limit}
 
 
 @dataclass

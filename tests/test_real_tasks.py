@@ -224,3 +224,29 @@ def test_validate_names_a_task_whose_tests_need_the_service_its_oracle_started(d
     (d / "task.toml").write_text((d / "task.toml").read_text().replace("[metadata]\n", "[metadata]\nkeep_agent_processes = true\n"))
     row = tasktool.validate_task(docker_env, d, k=1)
     assert row["status"] == "ok", row
+
+
+ENTRY_DOCKERFILE = """FROM termrl-base:bookworm
+RUN printf '#!/bin/bash\\nnohup python3 -m http.server 8124 --bind 127.0.0.1 >/dev/null 2>&1 &\\nexec "$@"\\n' \\
+    > /entry.sh && chmod +x /entry.sh
+ENTRYPOINT ["/entry.sh"]
+WORKDIR /app
+"""
+
+
+def test_image_entrypoint_runs_and_its_service_survives_grading(docker_env, tmp_path):
+    """Bug: the image's ENTRYPOINT was silently replaced by `sleep infinity`, so a task whose entrypoint
+    starts a server never had one. It runs as in Harbor (with `sleep infinity` as its command), and what
+    it started before the agent's first command is the image's, not swept before grading."""
+    d = _copy("tb2-partial", tmp_path / "entrypoint")
+    (d / "environment" / "Dockerfile").write_text(ENTRY_DOCKERFILE)
+    (d / "tests" / "test.sh").write_text(PROBE.replace("8123", "8124"))
+    with docker_env.reset(T.load_task(d)) as term:
+        probe = "python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8124', timeout=5)\""
+        for _ in range(50):
+            if term.run(probe, timeout=10).exit_code == 0:
+                break
+            time.sleep(0.1)
+        assert term.run(probe, timeout=10).exit_code == 0
+        g = grading.grade(term)
+    assert (g.reward, g.infra_error, g.tampered) == (1.0, None, None), g
