@@ -8,12 +8,14 @@ and the size of every *.jsonl log when the checkpoint was saved: a resume (resum
 takes the newest checkpoint whose files still match and cuts the logs back to those sizes, so
 no row is lost or appears twice.
 """
+import fcntl
 import hashlib
 import json
 import math
 import os
 import random
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -23,31 +25,79 @@ from pathlib import Path
 # the run directory: never clobbered, moved aside (never deleted) to start over
 
 
-def claim_run_dir(out: Path, resume: bool, restart: bool):
-    """Call before anything is written to `out`, in one process of the run (train.py: rank 0). A
-    directory holding a run is continued with --resume, moved to <out>.<date-time> with --restart
-    (also by --resume when it holds no checkpoint), and otherwise refused.
+LOCK = "writer.lock"  # in the run directory: the pid and host of the process writing it
+
+
+class RunLock:
+    """The one process writing a run directory: a POSIX lock on <out>/writer.lock, which records
+    its pid and host. The kernel drops the lock when that process ends however it ends (SIGKILL
+    too), so a lock file left by a dead process is free to take; the file itself is never deleted
+    (deleting it would let a second writer lock a new file while the first holds the old one).
+    tests/test_rundir.py::test_a_second_process_on_a_run_is_refused_naming_the_writer"""
+
+    def __init__(self, out: Path):
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / LOCK
+        self.fh = open(self.path, "a+")
+        try:
+            fcntl.lockf(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.fh.close()
+            raise SystemExit(f"{out} is being written by {writer(out)}: a second process would interleave its "
+                             f"records and checkpoints with that one's. Wait for it to end or stop it, or set "
+                             f"another run_name / out_dir.") from None
+        self.fh.truncate(0)
+        self.fh.write(f"{os.getpid()} {socket.gethostname()}\n")
+        self.fh.flush()
+
+    def close(self):
+        self.fh.close()  # releases the lock
+
+
+def writer(out: Path) -> str:
+    """Who holds out's lock, as its lock file names it."""
+    try:
+        pid, host = (out / LOCK).read_text().split()
+    except (OSError, ValueError):
+        return "another process (its pid is not written yet)"
+    return f"process {pid}" + ("" if host == socket.gethostname() else f" on {host}")
+
+
+def _holds_run(out: Path) -> bool:
+    return out.is_dir() and any(p.name != LOCK for p in out.iterdir())
+
+
+def claim_run_dir(out: Path, resume: bool, restart: bool) -> RunLock:
+    """Lock `out` for this process (RunLock; a second writer is refused naming the first), before
+    anything is written to it, in one process of the run (train.py: rank 0). A directory holding
+    a run is continued with --resume, moved to <out>.<date-time> with --restart (also by --resume
+    when it holds no checkpoint), and otherwise refused.
     tests/test_rundir.py::test_an_existing_run_is_refused_or_moved_aside_never_clobbered"""
     if resume and restart:
         raise SystemExit("--resume continues the run in out_dir and --restart starts it over: pass one of them")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
     ckpts = sorted((out / "checkpoints").glob("step_*"))
-    if resume and ckpts:
-        return
-    if not (resume or restart):
+    if _holds_run(out) and not (resume or restart):  # refused without writing anything
         metrics = out / "metrics.jsonl"
         held = [f"{len(metrics.read_text().splitlines())} metrics records" if metrics.exists() else "no metrics",
                 f"checkpoints up to {ckpts[-1].name}" if ckpts else "no checkpoint"]
         raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Pass --resume to continue it from "
                          f"its latest checkpoint, or --restart to start over (the old run is moved to "
                          f"{out}.<date-time>, nothing is deleted), or set another run_name / out_dir.")
+    lock = RunLock(out)
+    ckpts = sorted((out / "checkpoints").glob("step_*"))  # again, now that no one else writes
+    if not _holds_run(out) or (resume and ckpts):
+        return lock
     aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     while aside.exists():
         aside = aside.with_name(aside.name + "x")
-    os.rename(out, aside)
+    os.rename(out, aside)  # the lock moves with it, held until the new directory's is
+    try:
+        new = RunLock(out)
+    finally:
+        lock.close()
     why = f"--resume found no checkpoint in {out / 'checkpoints'}" if resume else "--restart"
     print(f"{why}: the old run is now {aside}; starting over in {out}", file=sys.stderr)
+    return new
 
 
 # -----------------------------------------------------------------------------------------------

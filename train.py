@@ -150,6 +150,7 @@ class Run:
     model: object
     ref_model: object      # π_ref of algo's KL term under full fine-tuning (learner.load_reference)
     env: env.Env
+    lock: rundir.RunLock | None  # rank 0's: no second process writes the run directory
 
 
 def setup(cfg: Config, resume: bool, restart: bool) -> Run:
@@ -163,10 +164,10 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     out = Path(cfg.out_dir)
     # rank 0 alone looks and moves an old run aside, once for every node; another rank looking
     # meanwhile could see the directory vanish under it. Every rank then says rank 0's refusal.
-    refusal = None
+    refusal = lock = None
     if rank == 0:
         try:
-            rundir.claim_run_dir(out, resume, restart)
+            lock = rundir.claim_run_dir(out, resume, restart)  # held until the process ends
         except SystemExit as e:
             refusal = e.code
     refusal = distributed.from_rank0(refusal, world)  # after it, no one writes before the claim
@@ -197,7 +198,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     if world > 1:
         model = distributed.wrap_parallel(model, cfg, device, learner.compute_dtype(cfg, device))
     return Run(cfg, device, rank, world, out, rcfg, acfg, train_tasks, eval_tasks, ckpt, state,
-               state.get("experts", {}), log, tok, model, ref_model, terminals)
+               state.get("experts", {}), log, tok, model, ref_model, terminals, lock)
 
 
 def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
@@ -377,6 +378,8 @@ def finish(r: Run, t_start: float) -> dict:
         (r.out / "summary.txt").write_text(text + "\n")
         print(text)
     r.log.close()
+    if r.lock:
+        r.lock.close()
     return result
 
 

@@ -3,6 +3,8 @@ continues from the newest intact checkpoint with every log cut back to it, and n
 weights never reach a checkpoint. Fast: no training, no engine."""
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,14 +41,60 @@ def test_an_existing_run_is_refused_or_moved_aside_never_clobbered(tmp_path):
     with pytest.raises(SystemExit, match="does not exist"):  # --restart: moved aside first
         _cli(out, "--restart")
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
-    assert len(aside) == 1 and {aside[0] / p.relative_to(out) for p in before} == {
-        p for p in aside[0].rglob("*") if p.is_file()}
+    assert len(aside) == 1 and {aside[0] / p.relative_to(out) for p in before} == {  # and the lock it was moved under
+        p for p in aside[0].rglob("*") if p.is_file() and p.name != rundir.LOCK}
     assert all((aside[0] / p.relative_to(out)).read_bytes() == b for p, b in before.items())
     # --resume of a directory without any checkpoint has nothing to continue: it starts over, the old one kept
     (out / "metrics.jsonl").write_text('{"phase": "sft", "step": 0}\n')
     with pytest.raises(SystemExit, match="does not exist"):
         _cli(out, "--resume")
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("run.")]) == 2
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+import rundir
+lock = rundir.claim_run_dir(Path(sys.argv[1]), resume=sys.argv[2] == "resume", restart=False)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(out: Path, how: str) -> subprocess.Popen:
+    """A process that claims `out` as train.py's rank 0 does and goes on holding it."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out), how], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "locked\n"
+    return proc
+
+
+def test_a_second_process_on_a_run_is_refused_naming_the_writer(tmp_path):
+    """Bugs: a --resume while the same run was training was not refused (both wrote: RL steps logged
+    1,2,3,4,3,5,4,6.., trajectories doubled, one died on the other's deleted .tmp dir), nor a plain
+    start on a run directory still empty. A second process is refused, naming the writer's pid,
+    whatever its flags; once the writer is dead (SIGKILL: no clean-up ran) its lock is taken over."""
+    out, fresh = tmp_path / "run", tmp_path / "fresh"
+    (out / "checkpoints" / "step_000001").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"phase": "rl", "step": 1}\n')
+    holders = [_holder(out, "resume"), _holder(fresh, "start")]
+    try:
+        for flags in (["--resume"], ["--restart"]):
+            with pytest.raises(SystemExit, match=rf"{out} is being written by process {holders[0].pid}: .*Wait for it"):
+                _cli(out, *flags)
+        with pytest.raises(SystemExit, match=r"already holds a run"):
+            _cli(out)
+        with pytest.raises(SystemExit, match=rf"{fresh} is being written by process {holders[1].pid}"):
+            _cli(fresh)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "run"]  # nothing moved aside
+        assert (out / "metrics.jsonl").read_text() == '{"phase": "rl", "step": 1}\n'
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    assert (out / rundir.LOCK).read_text().split()[0] == str(holders[0].pid)  # left by the dead writer
+    with pytest.raises(SystemExit, match="does not exist"):  # past the claim: the model path is what fails
+        _cli(out, "--resume")
+    assert (out / rundir.LOCK).read_text().split()[0] == str(os.getpid())
 
 
 def _append(path: Path, rows):

@@ -584,6 +584,14 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
         proc = subprocess.Popen(cmd + ["--set", f"out_dir={out}"], cwd=ROOT, env=env, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        lock = out / rundir.LOCK
+        while not (lock.exists() and lock.read_text().startswith(f"{proc.pid} ")):  # written once it is locked
+            assert proc.poll() is None, (tmp_path / 'first.log').read_text()[-3000:]
+            time.sleep(0.1)
+        # a --resume while the run trains is refused, naming the writer (both wrote, before)
+        second = subprocess.run(cmd + ["--set", f"out_dir={out}", "--resume"], cwd=ROOT, env=env, timeout=900,
+                                capture_output=True, text=True)
+        assert second.returncode == 1 and f"{out} is being written by process {proc.pid}" in second.stderr, second.stderr
         # the kill must land after checkpoint 1 and before the run ends: a window of two RL steps
         # (rollout, update, sync, checkpoint: seconds each even on 2 busy cores) against a 0.1 s poll
         deadline = time.time() + 900
