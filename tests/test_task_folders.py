@@ -198,3 +198,15 @@ def test_a_host_file_never_reaches_a_task_a_container_or_a_log(planted, tmp_path
     assert sorted(rows) == broken and all(r["status"] == "malformed" and str(tasks / n) in r["error"]
                                           for n, r in rows.items()), rows
     assert CANARY not in val.stdout + val.stderr + out.read_text()
+
+
+def test_a_folder_of_tasks_is_not_searched_past_a_symlink_out_of_it(tmp_path, capsys):
+    """A symlinked folder leading out of the collection (to / it would search the whole host) is
+    skipped with a line; one that stays inside is searched."""
+    elsewhere = shutil.copytree(FIXTURES / "tb1-hello", tmp_path / "elsewhere" / "tb1-hello")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "out").symlink_to(elsewhere.parent)
+    shutil.copytree(FIXTURES / "tb2-partial", tmp_path / "tasks" / "nested" / "tb2-partial")
+    (tmp_path / "tasks" / "again").symlink_to("nested")
+    assert [t.name for t in T.load_tasks(tmp_path / "tasks")] == ["tb2-partial", "tb2-partial"]
+    assert f"skipping {tmp_path / 'tasks' / 'out'}: a symlink to {elsewhere.parent}, outside" in capsys.readouterr().err
