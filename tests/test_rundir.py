@@ -3,6 +3,7 @@ continues from the newest intact checkpoint with every log cut back to it, and n
 weights never reach a checkpoint. Fast: no training, no engine."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -184,3 +185,84 @@ def test_a_model_path_that_cannot_load_says_what_to_do_at_once(tmp_path):
     assert "does not exist" in msg and "HF_HUB_OFFLINE" in msg
     (tmp_path / "empty").mkdir()
     assert "no config.json" in check(tmp_path / "empty")[0]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of 64 MiB mounted in tmp_path (needs root, as the machine's tests run), and a
+    function that leaves only n bytes of it free (a filler file the test removes to free space)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+
+    def leave_free(n: int) -> Path:
+        filler = disk / "filler"
+        with open(filler, "ab") as f:
+            os.posix_fallocate(f.fileno(), f.tell(), shutil.disk_usage(disk).free - n)
+        return filler
+    yield disk, leave_free
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("fails", ["model", "trainer.pt"])
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tiny_model_dir, small_disk, fails):
+    """Bug: a full disk during a checkpoint gave raw tracebacks (SafetensorError ... No space left
+    from the model's file, RuntimeError ... unexpected pos from torch.save, which never says disk)
+    and left half-written .tmp dirs. On a real full filesystem the save ends the run with one line
+    saying the disk is full and where, removes its partial files, and leaves the checkpoint before
+    it intact; once there is room again the next save and a resume work."""
+    from transformers import AutoTokenizer
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}"])
+    model, tok = learner.load_model(cfg, "cpu"), AutoTokenizer.from_pretrained(tiny_model_dir)
+    disk, leave_free = small_disk
+    root = disk / "run" / "checkpoints"
+    (disk / "run").mkdir()
+    (disk / "run" / "metrics.jsonl").write_text('{"phase": "rl", "step": 1}\n')
+    state = {"step": 1, "moments": torch.zeros(1 << 20)}  # 4 MiB, as an optimizer's state
+
+    def save(step):
+        return rundir.save_checkpoint(root, step, lambda d: learner.save_model(model, tok, d), {**state, "step": step}, 3)
+    one = save(1)
+    model_bytes = sum(p.stat().st_size for p in (one / "model").iterdir())
+    filler = leave_free(64 << 10 if fails == "model" else model_bytes + (1 << 20))
+    with pytest.raises(SystemExit) as e:
+        save(2)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"checkpoint step_000002 not saved: the disk holding {root} is full"), msg
+    assert ("SafetensorError" if fails == "model" else "RuntimeError") in msg, msg
+    assert "step_000001 the newest" in msg and msg.endswith("free space there, then continue with --resume."), msg
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]  # no partial files
+    assert rundir.verify_checkpoint(one) is None and rundir.latest_checkpoint(root) == one
+    filler.unlink()  # room again: the run's next save and its resume work
+    two = save(2)
+    path, resumed = rundir.resume_checkpoint(root)
+    assert path == two and resumed["step"] == 2
+
+
+def test_a_log_cut_inside_the_last_checkpoint_falls_back_to_one_it_holds(tmp_path, capsys):
+    """Bug: metrics.jsonl / trajectories.jsonl cut mid-line inside the last checkpoint resumed with
+    exit 0 and no warning, losing that step's records. A checkpoint notes each log's size and sha256;
+    a resume takes the newest checkpoint its logs still hold unchanged (the steps after it run again
+    and write their records anew), says why it passed over the others, and refuses when none is."""
+    out = tmp_path / "run"
+    out.mkdir()
+    logs = {}
+    for step in (1, 2, 3):
+        _append(out / "trajectories.jsonl", [{"step": step, "episode": e} for e in range(4)])
+        _append(out / "metrics.jsonl", [{"phase": "eval", "step": step}, {"phase": "rl", "step": step}])
+        rundir.save_checkpoint(out / "checkpoints", step, lambda d: d.mkdir(), {"step": step}, keep_last=5)
+        logs[step] = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
+    metrics = out / "metrics.jsonl"
+    os.truncate(metrics, len(logs[3]["metrics.jsonl"]) - 5)  # mid-line, inside step 3's records
+    path, state = rundir.resume_checkpoint(out / "checkpoints")
+    assert state["step"] == 2 and {p.name: p.read_bytes() for p in out.glob("*.jsonl")} == logs[2]
+    err = capsys.readouterr().err
+    assert (f"skipping {out / 'checkpoints' / 'step_000003'}: metrics.jsonl holds {len(logs[3]['metrics.jsonl']) - 5} "
+            f"bytes, {len(logs[3]['metrics.jsonl'])} when it was saved: cut short") in err and "falling back" in err
+    metrics.write_bytes(logs[2]["metrics.jsonl"].replace(b'"step": 2', b'"step": 7'))  # same size, other bytes
+    assert rundir.resume_checkpoint(out / "checkpoints")[1]["step"] == 1
+    assert "metrics.jsonl's first" in capsys.readouterr().err
+    os.truncate(out / "trajectories.jsonl", 10)
+    with pytest.raises(SystemExit, match=r"no intact checkpoint.*step_000001: trajectories.jsonl holds 10 bytes.*--restart"):
+        rundir.resume_checkpoint(out / "checkpoints")
