@@ -35,7 +35,7 @@ from pathlib import Path
 
 from hosts import CHECK_EVERY_S, PROBE_TIMEOUT_S, Host, HostPool, HostsDown, connect, parse_host
 from task_folders import Task, TaskError, load_task, oracle_commands, task_dirs
-from generated_tasks import generate_easy_tasks
+from generated_tasks import generate_easy_tasks, generate_multistep_tasks
 
 LABEL = "termrl"  # every container and image we create carries this label
 # A root shell working on its own files needs these; everything else (mount, ptrace, raw net...) stays dropped.
@@ -1702,6 +1702,8 @@ def _validate_main(args) -> int:
     paths = task_dirs(args.tasks)
     if args.easy:
         paths += generate_easy_tasks(args.easy, split="train")
+    if args.multistep:
+        paths += generate_multistep_tasks(args.multistep, split="train")
     if not paths:
         print(f"no tasks found under {args.tasks}", file=sys.stderr)
         return 2
@@ -1759,6 +1761,7 @@ def main(argv=None) -> int:
     v.add_argument("--json", help="write the per-task results here")
     v.add_argument("--jobs", type=int, default=2, help="tasks validated in parallel")
     v.add_argument("--easy", type=int, default=0, help="also validate this many generated easy tasks")
+    v.add_argument("--multistep", type=int, default=0, help="also validate this many generated multi-step tasks")
     v.add_argument("--flake-runs", type=int, default=0,
                    help="after k passes, this many more oracle runs; a 1-in-10 flake needs ~30 to show")
     v.add_argument("--load", type=int, default=4, help="the flake runs go this many at a time (concurrent load)")

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 import distributed
 import learner
+from policy import ScriptedPolicy
 import rollout
 
 
@@ -43,7 +44,7 @@ def validation(model, batch, cfg, temperature: float) -> dict:
 
 def oracle_demos(cfg, tok, env, tasks, val_tasks, rcfg, rank: int = 0) -> tuple[list, list]:
     """(train demos of all ranks, this rank's validation demos): the oracle's passing trajectories."""
-    with rollout.ScriptedPolicy(tok, "oracle", template_kwargs=rcfg.chat_template_kwargs,
+    with ScriptedPolicy(tok, "oracle", template_kwargs=rcfg.chat_template_kwargs,
                                 tools=rcfg.tools) as oracle:  # real containers: real tool outputs
         demos = rollout.collect(tasks + val_tasks, oracle, env,
                                 dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),

@@ -40,9 +40,11 @@ from transformers import AutoTokenizer
 
 import algo
 import distributed
+from engines import HFEngine, VLLMEngine
 import env
 import hosts
 import learner
+from policy import Policy, sync_check
 import rollout
 import sft
 import tiny
@@ -82,10 +84,10 @@ def rank_share(items: list, rank: int, world: int) -> tuple[list, int]:
 
 def make_engine(cfg: Config, model_path, device: str):
     if cfg.engine.kind == "hf":
-        return rollout.HFEngine(model_path, dtype=learner.compute_dtype(cfg, device), device=device)
+        return HFEngine(model_path, dtype=learner.compute_dtype(cfg, device), device=device)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.engine.cpu_kvcache_gb))
     dtype = str(learner.compute_dtype(cfg, device)).removeprefix("torch.")  # the trainer's, so the sync gap means something
-    return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
+    return VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
                               enforce_eager=cfg.engine.enforce_eager, verbose=cfg.verbose,
@@ -114,7 +116,7 @@ def sync_gap(model, policy, batch, cfg: Config, n: int = 2) -> dict:
     if not cfg.train.sync_check:
         return {}
     seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
-    return rollout.sync_check(policy, seqs, lps, masks) if seqs else {}
+    return sync_check(policy, seqs, lps, masks) if seqs else {}
 
 
 def make_env(cfg: Config):
@@ -183,7 +185,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     if cfg.model.build_tiny and rank == 0:
         generated = cfg.data.generated_seed if cfg.data.train_tasks == "generated" else None
         tiny.build_for_tasks(cfg.model.path, train_tasks, rcfg.system_prompt, rcfg.tools, generated,
-                             **{"seed": cfg.seed, **cfg.model.tiny})
+                             cfg.data.generated_family, **{"seed": cfg.seed, **cfg.model.tiny})
     if world > 1:
         torch.distributed.barrier()
     distributed.check_shared_dirs([out] + ([Path(cfg.model.path)] if cfg.model.build_tiny else []), world)
@@ -258,13 +260,13 @@ def rl_optimizer(r: Run, sft_opt):
     return opt, sched
 
 
-def start_policy(r: Run, version: int) -> rollout.Policy:
+def start_policy(r: Run, version: int) -> Policy:
     """The inference engine on the latest weights (the checkpoint's, else model.path's)."""
     full_ckpt = r.ckpt is not None and not r.cfg.model.lora
     engine = make_engine(r.cfg, r.ckpt / "model" if full_ckpt else r.cfg.model.path, r.device)
     if r.cfg.engine.kind == "vllm":
         distributed.check_engine_placement(*engine.placement(), r.device)
-    policy = rollout.Policy(engine, r.tok, version=version, template_kwargs=r.rcfg.chat_template_kwargs,
+    policy = Policy(engine, r.tok, version=version, template_kwargs=r.rcfg.chat_template_kwargs,
                             tools=r.rcfg.tools)
     if r.ckpt is not None and r.cfg.model.lora:
         policy.load_lora(r.ckpt / "model", version)

@@ -89,12 +89,13 @@ def bench_hosts(args):
 def bench_hang():
     """Timeline of a rollout whose second host hangs (SIGSTOP: no refusal, no answer) mid-command."""
     import rollout as R  # costly (torch): only this mode needs episodes
+    from policy import ScriptedPolicy
     import tiny
     tok = tiny.train_tokenizer(tiny.default_corpus(), 4096)
     second, t0, marks = Dockerd().start(), time.time(), []
     try:
         with E.Env(hosts=["unix:///var/run/docker.sock,capacity=2,name=main", f"{second.url},capacity=2,name=second"]) as env, \
-                R.ScriptedPolicy(tok, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
+                ScriptedPolicy(tok, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
             sec, out = env._hosts.hosts[1], {}
             cfg = R.RolloutConfig(max_turns=4, num_workers=4, group_size=1, command_timeout_s=5)
             th = threading.Thread(target=lambda: out.update(t=R.collect(G.generate_easy_tasks(4), policy, env, cfg,

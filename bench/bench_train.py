@@ -58,13 +58,14 @@ def scripted_batch(cfg, tok, n_tasks: int = 16, group_size: int = 2):
     import config
     import learner
     import rollout
+    from policy import ScriptedPolicy
 
     tasks = generate_easy_tasks(n_tasks, seed=1)
     rcfg = config.rollout_cfg(cfg)
     trajs = []
     with envmod.Env() as env:
         for mode in ("oracle", "garbage"):
-            with rollout.ScriptedPolicy(tok, mode, template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools) as pol:
+            with ScriptedPolicy(tok, mode, template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools) as pol:
                 trajs += rollout.collect(tasks, pol, env, rcfg, group_size=group_size, progress=False)
     batch = rollout.make_batch(trajs, tok.pad_token_id)
     batch.infer_logprobs = -0.5 * batch.loss_mask

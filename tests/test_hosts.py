@@ -18,6 +18,7 @@ import pytest
 
 import env as E
 import hosts as H
+from policy import ScriptedPolicy
 import rollout as R
 import task_folders as T
 
@@ -126,7 +127,7 @@ def test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other(second,
     cfg = R.RolloutConfig(max_turns=4, num_workers=6, group_size=1)
     with E.Env(hosts=[f"{MAIN},capacity=3,name=main", f"{second.url},capacity=3,name=second"]) as env, \
             E.Env(hosts=[second.url], hosts_down_wait_s=1.0) as solo, \
-            R.ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
+            ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
         main, sec = env._hosts.hosts
         result = {}
         th = threading.Thread(target=lambda: result.update(trajs=R.collect(tasks, policy, env, cfg, progress=False)))

@@ -170,7 +170,8 @@ def test_agent_that_stops_its_container_is_graded_zero_not_masked(docker_env, fi
     error, which training masks out: an escape from a negative reward. It is the agent's failure,
     counted in the rollout metrics."""
     import rollout as R
-    with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=("pkill -9 -x sleep",)) as policy:
+    from policy import ScriptedPolicy
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=("pkill -9 -x sleep",)) as policy:
         traj = R.run_episode(fixture_tasks["tb1"], policy, docker_env, R.RolloutConfig(max_turns=3))
     assert traj.valid and traj.reward == 0.0, (traj.finish_reason, traj.error)
     assert "container" in traj.grade["tampered"], (traj.finish_reason, traj.grade)
