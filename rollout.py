@@ -3,7 +3,7 @@
 One episode: a system prompt describing two tools (`bash`, `submit`) and the task instruction,
 rendered with the tokenizer's chat template (chat.py). Each assistant turn is one chunk (reasoning
 + one `<tool_call>` JSON block, the Qwen format), sampled by a policy.Policy or replayed from an
-expert; the command runs in the task's container (env.py) and its output comes back as a tool
+expert; the command runs in the task's container (terminal.py) and its output comes back as a tool
 message. The episode ends with one of FINISH_REASONS, then the hidden tests grade the container.
 
 Token bookkeeping is token-in/token-out: sampled ids are appended exactly as the engine produced
@@ -32,8 +32,9 @@ import torch
 
 from algo import Batch
 from chat import EXAMPLE_CALL, TOOLS, parse_tool_call, tool_message
+from container import InfraError
 from engines import Completion, HFEngine, Sampling, ScriptedEngine, VLLMEngine
-from env import HostDown, InfraError
+from grading import settle
 from policy import EpisodeCtx, Policy
 from task_folders import oracle_commands
 
@@ -176,31 +177,18 @@ def _run_command(term, command, cfg, traj, deadline):
     return result
 
 
-def _grade_into(traj, term):
-    """The hidden tests' verdict into traj (reward, grade record); InfraError if the harness failed."""
-    t0 = time.monotonic()
-    g = term.grade()
-    traj.timings["grade_s"] = time.monotonic() - t0
-    traj.grade = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
-                  "rewards": g.rewards, "tampered": g.tampered}
-    if g.infra_error:
-        raise InfraError(g.infra_error)
-    traj.reward = float(g.reward)
-
-
-def _environment_failed(traj, term, err):
-    """An InfraError ended the episode: the row stays but is masked out of training, unless the
-    agent stopped its own container (then it is the agent's failure, reward 0). When the container
-    was lost to the infrastructure (its Docker host stopped answering, or Docker stopped
-    it: env.Terminal.lost) the finish is "sandbox_lost", which collect runs again elsewhere."""
-    if isinstance(err, HostDown) or (term is not None and term.lost()):
-        traj.finish_reason, traj.valid, traj.reward, traj.error = "sandbox_lost", False, float("nan"), str(err)
-    elif term is not None and (why := term.agent_stopped()):
-        traj.finish_reason, traj.reward = "container_stopped", 0.0
-        traj.grade = {"passed": False, "tests": {}, "output": str(err), "infra_error": None, "rewards": {},
-                      "tampered": why}
-    else:
-        traj.finish_reason, traj.valid, traj.reward, traj.error = "env_error", False, float("nan"), str(err)
+def _settle_into(traj, outcome):
+    """How the episode ended (grading.settle) into traj: reward and grade record, and where the
+    environment had its say, the finish reason, validity and error."""
+    traj.reward, traj.valid = outcome.reward, outcome.valid
+    if outcome.finish_reason is not None:
+        traj.finish_reason = outcome.finish_reason
+    if outcome.grade is not None:
+        traj.grade = outcome.grade
+    if outcome.error is not None:
+        traj.error = outcome.error
+    if outcome.grade_s is not None:
+        traj.timings["grade_s"] = outcome.grade_s
 
 
 def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, cancel=None, seed=None,
@@ -267,7 +255,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                     break
                 result = _run_command(term, call["arguments"]["command"], cfg, traj, deadline)
                 timeouts = timeouts + 1 if result.timed_out else 0
-                if term.dead:  # the agent made its container unusable (env.Terminal.dead): graded as a failure
+                if term.dead:  # the agent made its container unusable (terminal.Terminal.dead): graded as a failure
                     finish = "terminal_dead"
                     break
                 if result.timed_out and time.monotonic() >= deadline:
@@ -288,9 +276,9 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
         traj.finish_reason, traj.num_turns = finish, turn
         if cancel is not None and cancel.is_set():
             return None
-        _grade_into(traj, term)
-    except InfraError as e:  # the environment failed, not the agent: keep the row, mask it out
-        _environment_failed(traj, term, e)
+        _settle_into(traj, settle(term))
+    except InfraError as e:  # the environment failed, or the agent stopped its container: settle says which
+        _settle_into(traj, settle(term, e))
     finally:
         if term is not None:
             t0 = time.monotonic()
@@ -434,7 +422,7 @@ def rollout_metrics(trajectories) -> dict:
     m["rollout/tokens_mean"] = sum(len(t.token_ids) for t in trajectories) / n
     for k in ("invalid_turns", "command_timeouts", "text_mismatch", "token_mismatch"):
         m[f"rollout/{k}"] = sum(t.metrics.get(k, 0) for t in trajectories)
-    m["rollout/tampered"] = sum(bool(t.grade.get("tampered")) for t in trajectories)  # graded 0: see env.Terminal.grade
+    m["rollout/tampered"] = sum(bool(t.grade.get("tampered")) for t in trajectories)  # graded 0: see grading.grade
     for key in sorted({k for t in valid for k in t.grade.get("rewards") or {}}):  # Harbor reward.json keys
         vals = [t.grade["rewards"][key] for t in valid if key in (t.grade.get("rewards") or {})]
         m[f"rollout/reward_{key}_mean"] = sum(vals) / len(vals)

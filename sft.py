@@ -59,10 +59,10 @@ def oracle_demos(cfg, tok, env, tasks, val_tasks, rcfg, rank: int = 0) -> tuple[
     demos = [t for part in distributed.gather(demos, world) for t in part]
     if len(demos) < world:  # world >= 1: no demo at all is an error too
         raise SystemExit(f"SFT: {len(demos)} oracle trajectories passed their tests (ranks: {world}); "
-                         f"check the tasks with `python env.py validate`")
+                         f"check the tasks with `python tasktool.py validate`")
     if cfg.sft.val_tasks and min(distributed.gather(len(val), world)) < 1:
         raise SystemExit(f"SFT validation: no oracle trajectory of the {cfg.sft.val_tasks} sft.val_tasks passed its tests "
-                         f"on some rank; raise sft.val_tasks or check the tasks with `python env.py validate`")
+                         f"on some rank; raise sft.val_tasks or check the tasks with `python tasktool.py validate`")
     return demos, val
 
 

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import env as E  # noqa: E402
 import generated_tasks as G  # noqa: E402
+import grading  # noqa: E402
 from second_dockerd import Dockerd  # noqa: E402
 
 
@@ -157,7 +158,7 @@ def main():
             env.reset(task).close()
         rows.append(("reset: cold (create + start + attach + setup)", *median_ms(cold, args.resets)))
         # grading: small suites travel inside the one grading exec; big ones take 2 execs + an upload
-        big = dataclasses.replace(task, tests={**task.tests, "data.bin": bytes(E.INLINE_TESTS_MAX)})
+        big = dataclasses.replace(task, tests={**task.tests, "data.bin": bytes(grading.INLINE_TESTS_MAX)})
         for name, t in [("grade: tests inside the grading command (1 exec)", task),
                         ("grade: tests uploaded by put_archive (2 execs)", big)]:
             term = env.reset(t)

@@ -2,7 +2,7 @@
 trainer, and where a training step's time goes.
 
     python scripts/get_smollm2.py                      # the model, once (README "A real model on CPU")
-    python bench/bench_smollm2.py --no-warmup          # 1. and 2. (the README figures)
+    python bench/bench_smollm2.py --no-warmup          # 1. and 2. (the figures of docs/results.md)
     python bench/bench_smollm2.py --metrics runs/smollm2-cpu/metrics.jsonl   # 3. of a finished run
     python bench/bench_smollm2.py --only generation --concurrency 1 16 64 --engines full lora
 

@@ -1,7 +1,7 @@
 """Benchmark train.py: where a step's time goes, trainer throughput vs a bare forward+backward, padding.
 
     python bench/bench_train.py                       # tiny model, CPU, 3 RL steps of configs/tiny.yaml
-    python bench/bench_train.py --steps 0 --repeats 2  # only 2.: the README's trainer figures
+    python bench/bench_train.py --steps 0 --repeats 2  # only 2.: the trainer figures of docs/results.md
     python bench/bench_train.py --metrics runs/tiny/metrics.jsonl   # only 1., of a finished run
     python bench/bench_train.py --modes sync async --steps 4 --repeats 0   # 3.: async vs sync step time
 

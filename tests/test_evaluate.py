@@ -114,7 +114,7 @@ def test_curate_keeps_exactly_the_moderate_tasks():
 
 def _episode(commands, task="t", reward=0.0, exit_codes=None, timeouts=(), restarts=(), invalid=0):
     """A trajectory row with messages built by chat.py's own helpers, as rollout.run_episode does."""
-    import env
+    import terminal
     from chat import parse_tool_call, tool_call_text, tool_message
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "do it"}]
     for i, cmd in enumerate(commands):
@@ -122,11 +122,11 @@ def _episode(commands, task="t", reward=0.0, exit_codes=None, timeouts=(), resta
         call, err = parse_tool_call(text)
         assert err is None
         msgs.append({"role": "assistant", "content": text, "tool_call": call})
-        res = (env.CommandResult("...\n[command timed out after 5s and was killed; the shell is "
-                                 "still usable]", None, True, 5.0, False) if i in timeouts else
-               env.CommandResult("[the shell exited; a new shell was started in the working directory]",
-                                 None, False, 0.1, False, shell_restarted=True) if i in restarts else
-               env.CommandResult("out", (exit_codes or {}).get(i, 0), False, 0.1, False))
+        res = (terminal.CommandResult("...\n[command timed out after 5s and was killed; the shell is "
+                                      "still usable]", None, True, 5.0, False) if i in timeouts else
+               terminal.CommandResult("[the shell exited; a new shell was started in the working directory]",
+                                      None, False, 0.1, False, shell_restarted=True) if i in restarts else
+               terminal.CommandResult("out", (exit_codes or {}).get(i, 0), False, 0.1, False))
         msgs.append(tool_message(res))
     for _ in range(invalid):
         text = "<tool_call>{not json</tool_call>"

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 import config
-import env as E
 import generated_tasks as G
+import grading
+import tasktool
 from task_folders import oracle_commands
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def mentions(text: str, value: str) -> bool:
 def test_every_kind_passes_oracle_k_times_and_fails_noop(docker_env):
     for split, k in [("heldout", 3), ("train", 1)]:
         for task in one_per_kind(split, seed=5):
-            row = E.validate_task(docker_env, task, k=k)
+            row = tasktool.validate_task(docker_env, task, k=k)
             assert row["status"] == "ok" and row["noop"] == 0.0 and row["oracle"] == [1.0] * k, row
 
 
@@ -39,7 +40,7 @@ def test_the_deciding_value_is_seen_in_an_earlier_output_before_the_oracle_types
         with docker_env.reset(task) as term:
             for cmd in cmds:
                 outputs.append(term.run(cmd).output)
-            assert term.grade().reward == 1.0, task.name
+            assert grading.grade(term).reward == 1.0, task.name
         for value in task.metadata["hidden"]:
             first = next(i for i, c in enumerate(cmds) if mentions(c, value))
             assert first >= 1 and any(mentions(out, value) for out in outputs[:first]), (task.name, value, outputs)
@@ -74,7 +75,7 @@ def test_shortcuts_and_another_tasks_oracle_fail(docker_env):
             with docker_env.reset(task) as term:
                 for cmd in cmds:
                     term.run(cmd)
-                g = term.grade()
+                g = grading.grade(term)
             assert g.infra_error is None and g.reward == 0.0, (task.name, cmds, g.output)
 
 

@@ -25,9 +25,9 @@ import train  # noqa: E402
 
 
 def main(model_path: str, out: str):
-    rank, world = distributed.init_distributed("cpu")
     cfg = config.load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml",
                              [f"model.path={model_path}", "model.build_tiny=false", "engine.max_model_len=256"])
+    rank, world = distributed.init_distributed("cpu", cfg.train.collective_timeout_min)
     engine = train.make_engine(cfg, model_path, "cpu")
     placement = engine.placement()
     distributed.check_engine_placement(*placement, "cpu")
