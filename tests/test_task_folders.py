@@ -136,7 +136,7 @@ def test_a_symlink_out_of_the_task_folder_is_refused_at_load(planted, route):
 
 def test_text_must_decode_and_sizes_have_limits(planted, tmp_path):
     """Bugs: a non-UTF-8 task.yaml / instruction.md raised UnicodeDecodeError (not a TaskError), which
-    crashed train.py and stopped `env.py validate` on the whole folder without naming the file; a
+    crashed train.py and stopped `validate` on the whole folder without naming the file; a
     50 MB instruction loaded unchecked (its one episode: 192 s, 9 GB); a fifo among the tests hung
     the loader for ever."""
     tasks, _ = planted
@@ -167,7 +167,7 @@ def test_text_must_decode_and_sizes_have_limits(planted, tmp_path):
 def test_a_host_file_never_reaches_a_task_a_container_or_a_log(planted, tmp_path):
     """Each route, through each way tasks are loaded: load_tasks (train.py's and evaluate.py's
     loader) skips the planted and non-UTF-8 tasks with a line naming the file, and loads the clean
-    one; train.py --dry-run says the same and counts 1 task; `env.py validate` (real Docker: the
+    one; train.py --dry-run says the same and counts 1 task; `tasktool.py validate` (real Docker: the
     clean task is built and its oracle run) reports each as malformed naming its file, and the
     clean one ok. No Task, output or JSON holds the canary."""
     import contextlib
@@ -191,7 +191,7 @@ def test_a_host_file_never_reaches_a_task_a_container_or_a_log(planted, tmp_path
     assert CANARY not in dry.stdout + dry.stderr
 
     out = tmp_path / "validate.json"
-    val = subprocess.run([sys.executable, "env.py", "validate", str(tasks), "--k", "1", "--json", str(out)],
+    val = subprocess.run([sys.executable, "tasktool.py", "validate", str(tasks), "--k", "1", "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     rows = {r["task"]: r for r in json.loads(out.read_text())["tasks"]}
     assert val.returncode == 1 and rows.pop("clean")["status"] == "ok", val.stdout[-3000:] + val.stderr[-3000:]
