@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import env as E  # noqa: E402
-from test_tampering import TRICKS, make_task, play  # noqa: E402
+from test_tampering import TRICKS, UNUSED, make_task, play  # noqa: E402
 
 
 def main():
@@ -22,7 +22,7 @@ def main():
     rows, times = [], []
     with tempfile.TemporaryDirectory() as tmp, E.Env(warm=1) as env:
         tasks = {layout: make_task(Path(tmp), layout) for layout in ("tb1", "tb2")}
-        for name, cmd in [("(oracle)", None), ("(no-op)", "true")] * args.repeats + list(TRICKS.items()):
+        for name, cmd in [("(oracle)", None), ("(no-op)", "true")] * args.repeats + list(TRICKS.items()) + list(UNUSED.items()):
             for layout, task in tasks.items():
                 g, dt = play(env, task, cmd)
                 if cmd is None or cmd == "true":
