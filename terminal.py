@@ -14,8 +14,8 @@ import signal
 import time
 from dataclasses import dataclass
 
-from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, cgroup_dirs, cgroup_pids, cgroup_read,
-                       container_procs, dir_bytes, docker_exec, fd_targets, first_child, forget, names_container,
+from container import (FILES_LIMIT, FLOOD_LIMIT, Capped, HostDown, InfraError, cgroup_dirs, cgroup_pids, cgroup_read,
+                       container_procs, dir_usage, docker_exec, fd_targets, first_child, forget, names_container,
                        next_frame, readlink, remove, repair_dev_null, stopped_by_docker)
 from hosts import Host
 from task_folders import Task
@@ -294,14 +294,21 @@ class Terminal:
         return int(m.group(1)) if m else 0
 
     def check_disk(self):
-        """End the terminal (dead) when its writable layer is over disk_cap_mb."""
-        upper = self.layers[0]
+        """End the terminal (dead) when its writable layer is over disk_cap_mb (each file charged at
+        least container.FILE_BLOCK) or holds more than container.FILES_LIMIT files
+        (test_hostile.test_file_count_is_capped_like_bytes); disk_cap_mb 0: the file ceiling only."""
+        upper, files = self.layers[0], 0
         if upper and self.local and os.path.isdir(upper):
-            used = dir_bytes(upper)
+            used, files = dir_usage(upper, FILES_LIMIT)
+        elif not self.disk_cap_mb:
+            return
         else:  # a remote daemon: it measures the layer itself (slower)
             used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
-        if used > self.disk_cap_mb << 20:
+        if files > FILES_LIMIT:
+            self.dead = f"the container holds more than {FILES_LIMIT} files"
+        elif self.disk_cap_mb and used > self.disk_cap_mb << 20:
             self.dead = f"the container's files grew past its disk cap of {self.disk_cap_mb} MiB"
+        if self.dead:
             _kill_command(self, self._floor, shell_too=True)
 
     def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):

@@ -221,6 +221,21 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
     _gone(docker_env, term)
 
 
+def test_file_count_is_capped_like_bytes(docker_env, easy_tasks):
+    """Bug: 100k empty files used no bytes, so the disk cap never saw them, yet each grade walked them
+    all (seconds each). Every file is charged at least one block against the disk cap, and the count
+    has a ceiling of its own (container.FILES_LIMIT), so an inode flood ends the episode too."""
+    cap_mb = 100
+    n = 30_000  # 117 MiB at 4 KiB a file
+    with docker_env.reset(_task(easy_tasks, 9, disk_mb=cap_mb)) as term:
+        term.run(f"mkdir /many && cd /many && python3 -c \"import os\nfor i in range({n}): os.close(os.open(str(i), os.O_CREAT))\"",
+                 timeout=120)
+        time.sleep(E.DISK_CHECK_S * 4)
+        r = term.run("echo after")
+        assert term.dead and "files" in r.output, r
+    _gone(docker_env, term)
+
+
 # --- deadlines from outside the container --------------------------------------------------------------
 
 def test_exec_and_grade_have_a_host_side_deadline(docker_env, easy_tasks):
