@@ -79,6 +79,7 @@ def blame(term, failure: str, g: Grade | None = None) -> Grade:
     A container the agent stopped is its failure without a recheck (tests/test_tampering.py::
     test_grading_failure_after_the_agent_acted_is_the_agents and the test after it)."""
     tests, output, rewards = (g.tests, g.output, g.rewards) if g else ({}, "", {})
+    failure = failure[:3000]  # an error can quote a path of any length the agent made
     if why := term.lost():  # the Docker host went away: nothing to recheck on
         return Grade(None, False, tests, output, why)
     if why := term.agent_stopped():
@@ -89,7 +90,7 @@ def blame(term, failure: str, g: Grade | None = None) -> Grade:
         runs = False
     if runs:
         return Grade(0.0, False, tests, output, None, rewards=rewards,
-                     tampered=f"{failure[:3000]} after the episode, but the harness runs on a fresh container")
+                     tampered=f"{failure} after the episode, but the harness runs on a fresh container")
     return Grade(None, False, tests, output, failure)
 
 
