@@ -50,26 +50,34 @@ exec {__termrl_out}>&1
 """
 KILL_GRACE_S = 0.5      # after a timeout: how long the shell gets to end the killed command before a restart
 TIMEOUT_MARGIN_S = 2.5  # run(timeout=t) returns within t + this (grace + restart on a busy machine); test_hostile checks it
-MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, a number)
-FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n"]  # the marker formats, for test_hostile's forgeries
+MARK = "\x1e"           # framing markers start with this byte (then B/E/P/S, the command's nonce, a number)
+IDLE_S = 1.0            # a shell waiting for input this long with no marker sent has lost its framing: restarted
+_READ_NR = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine)  # read(2), as /proc/PID/syscall names it
+FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n", "\\n\\036P{} 0\\n"]  # the marker formats, for test_hostile's forgeries
 
 
-def _command_line(cmd: str, nonce: str) -> str:
-    """One command framed by a begin and an end marker carrying a fresh nonce.
+def _command_line(cmd: str, nonce: str, probe: str, answer: int) -> str:
+    """One command framed by a begin and an end marker carrying a fresh nonce, then a probe.
 
-    The nonce is new for every command and only ever printed split in two, so neither a trace
-    (`set -x`, a DEBUG trap) nor an earlier command shows a marker an agent could replay. Before the
-    end marker is printed, functions named `builtin` are removed in POSIX mode (where `unset` and
-    `trap` are special builtins no function can shadow) and DEBUG/RETURN traps are cleared; every
-    name the harness calls is `\\`-quoted so no alias applies. test_hostile.test_framing_* forges it."""
+    The nonce is new for every command. The harness's own parts run with stderr closed and with the
+    agent's `set -x`/`set -v` off (restored for the command alone), so no trace shows a marker. Before
+    the end marker, functions named `builtin` are removed in POSIX mode (where `unset` and `trap` are
+    special builtins no function can shadow) and DEBUG/RETURN traps are cleared; every name the
+    harness calls is `\\`-quoted so no alias applies. The probe then runs a command with a known
+    exit status (`answer`) the way the next command will run: a shell whose framing the command broke
+    (a builtin disabled or wrapped, a harness variable made readonly) answers it wrongly or not at
+    all, and is restarted (test_hostile.test_framing_*)."""
     a, b = nonce[:len(nonce) // 2], nonce[len(nonce) // 2:]
-    return (f"\\builtin read -r __t __t __t __t __termrl_wm </proc/loadavg; "
+    c, d = probe[:len(probe) // 2], probe[len(probe) // 2:]
+    return ("{ __t=; __termrl_wm=; \\builtin read -r __t __t __t __t __termrl_wm </proc/loadavg; "
             f"\\builtin printf '\\036B%s%s %s\\n' {a} {b} \"$__termrl_wm\" >&$__termrl_out; "
             "__termrl_rc() { return \"$1\"; }; __termrl_run() { __termrl_rc \"${__termrl_last:-0}\"; eval \"$1\"; }; "
+            "case $__termrl_fl in *x*) \\set -x;; esac; case $__termrl_fl in *v*) \\set -v;; esac; } 2>&-; "
             f"__termrl_run {shlex.quote(cmd)} <&$__termrl_in; "
-            "{ __termrl_last=$?; POSIXLY_CORRECT=y; \\unset -f builtin; \\unset POSIXLY_CORRECT; \\trap - DEBUG RETURN; "
-            f"\\builtin printf '\\n\\036E%s%s %d\\n' {a} {b} \"$__termrl_last\" >&$__termrl_out; }} 2>&-\n")
-
+            "{ __termrl_last=$?; POSIXLY_CORRECT=y; __termrl_fl=$-; \\set +xv; \\unset -f builtin; \\unset POSIXLY_CORRECT; "
+            f"\\trap - DEBUG RETURN; \\builtin printf '\\n\\036E%s%s %d\\n' {a} {b} \"$__termrl_last\" >&$__termrl_out; }} 2>&-; "
+            f"__termrl_run '__termrl_rc {answer}' <&$__termrl_in 2>&-; "
+            f"{{ \\builtin printf '\\n\\036P%s%s %d\\n' {c} {d} $? >&$__termrl_out; }} 2>&-\n")
 
 
 class Terminal:
@@ -128,6 +136,7 @@ class Terminal:
                                          stderr=True, tty=False, environment=SESSION_ENV)
         self._exec_id = ex["Id"]
         self._sock = self._out = self.client.api.exec_start(self._exec_id, socket=True)._sock
+        self._shell = self._in_pipe = None  # host pid and input pipe of the shell, once it answered
         self._socks.append(self._sock)
         self._raw, self._pending = bytearray(), bytearray()
         nonce = os.urandom(8).hex()
@@ -141,16 +150,53 @@ class Terminal:
         procs = self.procs() or {}
         shell = next((h for h, n in procs.items() if n == self._session_pid), None)
         self._out_pipe = readlink(f"/proc/{shell}/fd/1") if shell else None
+        self._shell, self._in_pipe = shell, readlink(f"/proc/{shell}/fd/0") if shell else None
+        self._sent = (0, 0)  # (bytes the shell had read, bytes of command line sent since)
         # host pids known not to write to the terminal: init, its sleep, the shell
         self._quiet = {h for h, n in procs.items() if n <= self._floor or n == self._session_pid}
 
     def _send(self, text: str):
-        self._sock.sendall(text.encode())
+        data = text.encode()
+        self._sent = (self._rchar(), len(data))
+        self._sock.sendall(data)
+
+    def _rchar(self) -> int:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            with open(f"/proc/{self._shell}/io") as f:
+                return int(f.readline().split()[1])
+        return -1
+
+    def _idle(self) -> bool:
+        """Whether the shell has read all it was sent and waits for more (seen from outside the
+        container, so nothing the agent did to the shell changes the answer): the framing then
+        sent no marker the harness waits for."""
+        if _READ_NR is None or not self._shell or not self._in_pipe:
+            return False
+        try:
+            with open(f"/proc/{self._shell}/syscall") as f:
+                fields = f.read().split()
+        except OSError:
+            return False
+        if len(fields) < 2 or fields[0] != str(_READ_NR) or readlink(f"/proc/{self._shell}/fd/{int(fields[1], 16)}") != self._in_pipe:
+            return False
+        before, sent = self._sent
+        return before >= 0 and self._rchar() - before >= sent
 
     def _frames(self, deadline: float) -> bytes | None:
-        """Payload of the next docker stream frames; b"" when the session ended, None on timeout."""
-        data = next_frame(self._out, self._raw, deadline)
-        return data
+        """Payload of the next docker stream frames; b"" when the session ended, None on timeout,
+        False when the shell has waited for input IDLE_S with nothing sent (its framing is broken)."""
+        idle_since = None
+        while True:
+            now = time.monotonic()
+            data = next_frame(self._out, self._raw, min(deadline, now + IDLE_S / 4))
+            if data is not None or time.monotonic() >= deadline:
+                return data
+            if not self._idle():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif time.monotonic() - idle_since >= IDLE_S:
+                return False
 
     def _read_until(self, marker: bytes, deadline: float, sink: Capped, flood: int = 0):
         """Stream into sink until `marker<digits>\\n`; returns (found, digits | reason)."""
@@ -172,9 +218,9 @@ class Terminal:
                 self._pending += window
                 return False, "flood"
             data = self._frames(deadline)
-            if data is None:
+            if data is None or data is False:
                 self._pending += window
-                return False, "timeout"
+                return False, "timeout" if data is None else "idle"
             if data == b"":
                 sink.add(window)
                 return False, "eof"
@@ -232,9 +278,9 @@ class Terminal:
         first = self._end_fork_bomb()
         restarts = self._restarts
         note, sink = "", Capped(self.output_cap)
-        nonce = os.urandom(8).hex()
+        nonce, probe, answer = os.urandom(8).hex(), os.urandom(8).hex(), 1 + os.urandom(1)[0] % 120
         try:
-            self._send(_command_line(cmd, nonce))
+            self._send(_command_line(cmd, nonce, probe, answer))
         except OSError as e:
             if not self._restart_session():
                 return self._dead_result(t0)
@@ -248,16 +294,24 @@ class Terminal:
             found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
             if found:
                 exit_code = int(status)
-                note += _detach_background(self)
+                if self._probe_ok(probe, answer, deadline):
+                    note += _detach_background(self)
+                else:
+                    exit_code = None
+                    note += self._reframe()
             elif status == "eof":
                 if self.dead or not self._restart_session():
                     return self._dead_result(t0, sink.text())
                 note += "\n[the shell exited; a new shell was started in the working directory]"
+            elif status == "idle":
+                note += self._reframe()
             else:
                 timed_out = True
                 why = (f"timed out after {timeout:g}s" if status == "timeout"
                        else f"produced more than {FLOOD_LIMIT >> 20} MiB of output")
-                note += self._recover(int(wm), why, sink, nonce)
+                note += self._recover(_watermark(wm, self._floor), why, sink, nonce, probe, answer)
+        elif wm == "idle":  # the shell read the command line and printed no begin marker
+            note += self._reframe()
         else:  # the shell never picked the command up
             timed_out = wm == "timeout"
             if self.dead or not self._restart_session():
@@ -269,10 +323,24 @@ class Terminal:
         return CommandResult(first + sink.text() + note, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted),
                              shell_restarted=self._restarts > restarts)
 
-    def _recover(self, watermark: int, why: str, sink: Capped, nonce: str) -> str:
+    def _probe_ok(self, probe: str, answer: int, deadline: float) -> bool:
+        """Whether the probe after a command's end marker came back with its known exit status."""
+        found, status = self._read_until(f"\n{MARK}P{probe} ".encode(), max(deadline, time.monotonic() + KILL_GRACE_S),
+                                         Capped(0))
+        return found and status == str(answer)
+
+    def _reframe(self) -> str:
+        """Replace a shell whose framing the last command broke (_command_line's probe failed)."""
+        if not self._restart_session():
+            return ""
+        return ("\n[this command changed the shell so that the harness can no longer run commands in it "
+                "(a builtin disabled or redefined, a harness variable made readonly); its exit status is unknown. "
+                "A new shell was started: variables and cwd were reset]")
+
+    def _recover(self, watermark: int, why: str, sink: Capped, nonce: str, probe: str, answer: int) -> str:
         _kill_command(self, watermark)
         found, _ = self._read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
-        if found:
+        if found and self._probe_ok(probe, answer, 0):
             return f"\n[command {why} and was killed; the shell is still usable]"
         if not self._restart_session():
             return ""
@@ -370,6 +438,11 @@ class Terminal:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _watermark(text: str, floor: int) -> int:
+    """The begin marker's last pid before the command (the shell reads it from /proc/loadavg)."""
+    return int(text) if text.isdigit() else floor
 
 
 def _kill_command(term, watermark: int, shell_too: bool = False) -> bool:
