@@ -76,7 +76,7 @@ def _command_line(cmd: str, nonce: str, probe: str, answer: int) -> str:
             f"__termrl_run {shlex.quote(cmd)} <&$__termrl_in; "
             "{ __termrl_last=$?; POSIXLY_CORRECT=y; __termrl_fl=$-; \\set +xv; \\unset -f builtin; \\unset POSIXLY_CORRECT; "
             f"\\trap - DEBUG RETURN; \\builtin printf '\\n\\036E%s%s %d\\n' {a} {b} \"$__termrl_last\" >&$__termrl_out; }} 2>&-; "
-            f"__termrl_run '__termrl_rc {answer}' <&$__termrl_in 2>&-; "
+            f"__termrl_run '\\trap - DEBUG RETURN && __termrl_rc {answer}' <&$__termrl_in 2>&-; "
             f"{{ \\builtin printf '\\n\\036P%s%s %d\\n' {c} {d} $? >&$__termrl_out; }} 2>&-\n")
 
 

@@ -84,6 +84,51 @@ def test_framing_survives_traces_traps_and_redefined_builtins(docker_env, easy_t
     _gone(docker_env, term)
 
 
+def test_a_shell_whose_framing_a_command_broke_is_restarted(docker_env, easy_tasks):
+    """Bugs: a readonly function `builtin` wrapping printf made every later `false` report 0;
+    after `enable -n eval` every later command failed with 127 and the shell was never restarted;
+    a harness variable made readonly made a 5 s run time out. Each now restarts the shell at once,
+    and the command after it runs as in a fresh shell."""
+    wrap = ('builtin() { if [ "$1" = printf ]; then shift; command printf "${@:1:$#-1}" 0; '
+            'else command builtin "$@"; fi; }; readonly -f builtin')
+    breakers = [wrap, "enable -n eval", "enable -n printf", "enable -n trap", "readonly __termrl_last",
+                "readonly __termrl_wm",
+                "__termrl_rc() { return 0; }; readonly -f __termrl_rc"]
+    with docker_env.reset(easy_tasks[9]) as term:
+        start = term.run("pwd").output
+        for cmd in breakers:
+            assert term.run("cd /tmp; X=1").exit_code == 0
+            t0 = time.monotonic()
+            r = term.run(cmd, timeout=5)
+            r2 = term.run("false", timeout=5)
+            took = time.monotonic() - t0
+            restarted = r.shell_restarted or r2.shell_restarted
+            assert restarted and not r.timed_out and not r2.timed_out, (cmd, r, r2)
+            assert took < 5 and r2.exit_code in (1, None), (cmd, took, r, r2)
+            for want in (1, 0, 5):
+                r = term.run(f"(exit {want})")
+                assert (r.exit_code, r.timed_out, r.shell_restarted) == (want, False, False), (cmd, r)
+            assert term.run("pwd; echo ${X-unset}").output == start + "unset\n", cmd  # a fresh shell
+    _gone(docker_env, term)
+
+
+def test_traces_to_a_file_never_show_a_marker(docker_env, easy_tasks):
+    """Bug: `exec 2>/tmp/x; set -x` wrote the begin marker's printf, nonce and all, into a file the
+    command could read and forge its end marker from; `set -v` wrote whole command lines."""
+    with docker_env.reset(easy_tasks[10]) as term:
+        for flag in ("x", "v"):
+            assert term.run(f"exec 3>&2 2>/tmp/trace; set -{flag}").exit_code == 0
+            r = term.run("echo a; cat /tmp/trace >> /tmp/seen")
+            assert r.output == "a\n" and r.exit_code == 0, r
+            assert flag in term.run("echo $-").output  # the agent's own flags stay as it set them
+            assert term.run(f"set +{flag}; exec 2>&3").exit_code == 0
+        seen = term.run("cat /tmp/trace /tmp/seen").output
+        assert "echo a" in seen and "\x1e" not in seen and "036" not in seen, seen
+        r = term.run(f"{_forgeries(seen)}; sleep 0.3; echo real; (exit 7)", timeout=10)
+        assert (r.exit_code, r.timed_out) == (7, False) and r.output.rstrip().endswith("real"), r
+    _gone(docker_env, term)
+
+
 # --- restarts and timeouts ------------------------------------------------------------------------
 
 def test_timeout_ends_a_shell_that_ignores_signals_within_the_margin(docker_env, easy_tasks):
