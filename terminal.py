@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, cgroup_dirs, cgroup_pids, cgroup_read,
-                       container_procs, dir_bytes, docker_exec, fd_targets, first_child, forget, names_container,
+                       container_procs, deleted_open_bytes, dir_bytes, docker_exec, fd_targets, first_child, forget, names_container,
                        next_frame, readlink, remove, repair_dev_null, stopped_by_docker)
 from hosts import Host
 from task_folders import Task
@@ -365,7 +365,9 @@ class Terminal:
         """End the terminal (dead) when its writable layer is over disk_cap_mb."""
         upper = self.layers[0]
         if upper and self.local and os.path.isdir(upper):
-            used = dir_bytes(upper)
+            # files deleted while still open are on the container's root filesystem (the overlay)
+            procs = self.procs() or {}
+            used = dir_bytes(upper) + deleted_open_bytes(procs, {os.stat(f"/proc/{self.host_pid}/root").st_dev})
         else:  # a remote daemon: it measures the layer itself (slower)
             used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
         if used > self.disk_cap_mb << 20:

@@ -266,6 +266,24 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
     _gone(docker_env, term)
 
 
+def test_disk_cap_counts_deleted_open_files_and_the_containers_log(docker_env, easy_tasks):
+    """Bugs: files opened and then deleted held 800 MiB against a 100 MiB cap while the watchdog
+    saw 0, and what a process writes to the container's own stdout went to Docker's log file on
+    the host's disk, uncapped. Deleted files still held open count; the container keeps no log."""
+    task = _task(easy_tasks, 11, disk_mb=100)
+    with docker_env.reset(task) as term:
+        log = docker_env.client.api.inspect_container(term.id).get("LogPath") or ""
+        r = term.run("head -c 200M /dev/zero > /proc/1/fd/1; echo sent", timeout=60)
+        assert "sent" in r.output and not term.dead, r
+        assert not log or not os.path.exists(log) or os.path.getsize(log) < 1 << 20, (log, os.path.getsize(log))
+        r = term.run("for i in 1 2 3 4 5 6; do exec {fd}>/held$i; rm /held$i; head -c 80M /dev/zero >&$fd; done; "
+                     "echo wrote", timeout=60)
+        time.sleep(E.DISK_CHECK_S * 4)
+        r = term.run("echo after")
+        assert term.dead and "disk" in r.output.lower(), r
+    _gone(docker_env, term)
+
+
 # --- deadlines from outside the container --------------------------------------------------------------
 
 def test_exec_and_grade_have_a_host_side_deadline(docker_env, easy_tasks):
