@@ -115,7 +115,7 @@ def forget(cid: str):
 
 def remove(client, cid: str):
     with contextlib.suppress(Exception):  # already gone, or the daemon is down: nothing more we can do
-        client.api.remove_container(cid, force=True)
+        client.api.remove_container(cid, force=True, v=True)  # and its anonymous volumes (an image's VOLUME)
     forget(cid)
 
 

@@ -426,7 +426,7 @@ class Env:
                     client, cid, key, self.output_cap, host, host_answers=partial(self.check_host, host, fresh=True),
                     drain_host=partial(self.drain, host), on_close=partial(self._hosts.release, host),
                     harness_runs=self.harness_runs, grading_network=self.grading_network,
-                    multi_reward=self.multi_reward, disk_cap_mb=0 if host.disk_quota else disk_mb)
+                    multi_reward=self.multi_reward, disk_cap_mb=disk_mb, disk_quota=host.disk_quota)
                 self._terms.add(term)
                 with self._lock:
                     host.starts, host.start_s = host.starts + 1, host.start_s + time.monotonic() - t0

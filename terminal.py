@@ -96,12 +96,13 @@ class Terminal:
 
     def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP, host: Host | None = None,
                  *, host_answers=None, drain_host=None, on_close=None, harness_runs=None,
-                 grading_network: str = "none", multi_reward: str = "mean", disk_cap_mb: int = 0):
+                 grading_network: str = "none", multi_reward: str = "mean", disk_cap_mb: int = 0,
+                 disk_quota: bool = False):
         """What the terminal needs of its environment comes as callables: host_answers() whether the
         host answers a fresh connection (draining it when not), drain_host(why) treat it as down,
         on_close() once the container is gone (its place on the host is free). harness_runs(task),
-        grading_network and multi_reward are for grading.grade; disk_cap_mb > 0 when the disk
-        watchdog (not a storage quota) keeps the disk cap (check_disk)."""
+        grading_network and multi_reward are for grading.grade; disk_cap_mb is the disk cap the disk
+        watchdog keeps (check_disk; 0: none), disk_quota whether a storage quota caps the layer itself."""
         self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
         self.host, self._epoch = host, host.epoch if host else 0  # a drain after this start loses the container
         self._host_answers, self._drain_host, self._on_close = host_answers, drain_host, on_close
@@ -110,7 +111,7 @@ class Terminal:
         self.closed = False
         self.dead: str | None = None
         self._restarts = 0  # shells started after the first (CommandResult.shell_restarted)
-        self.disk_cap_mb = disk_cap_mb
+        self.disk_cap_mb, self.disk_quota = disk_cap_mb, disk_quota
         info = client.api.inspect_container(container_id)
         self.host_pid = info["State"]["Pid"]
         # Host-side work (/proc, cgroups, signals, the overlay dirs) only when State.Pid is this container's
@@ -123,6 +124,8 @@ class Terminal:
         self.networked = False  # joined the grading network (grading.grade)
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
         self.layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
+        # an image's VOLUMEs are directories on the host's disk that no writable-layer quota covers
+        self.volumes = [m["Source"] for m in info.get("Mounts") or [] if m.get("Type") == "volume" and m.get("Source")]
         self.home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
         self._socks = []  # every exec socket of this terminal (old output pipes stay open, unread)
         self._relays = set()  # container pids of the processes whose stdout is the shell's output pipe
@@ -362,13 +365,21 @@ class Terminal:
         return int(m.group(1)) if m else 0
 
     def check_disk(self):
-        """End the terminal (dead) when its writable layer is over disk_cap_mb."""
+        """End the terminal (dead) when what it holds on the host's disk is over disk_cap_mb: its
+        writable layer (unless a storage quota caps it: disk_quota), its volumes, and files deleted
+        while still open on either (test_hostile.test_disk_cap_*)."""
         upper = self.layers[0]
         if upper and self.local and os.path.isdir(upper):
-            # files deleted while still open are on the container's root filesystem (the overlay)
-            procs = self.procs() or {}
-            used = dir_bytes(upper) + deleted_open_bytes(procs, {os.stat(f"/proc/{self.host_pid}/root").st_dev})
-        else:  # a remote daemon: it measures the layer itself (slower)
+            volumes = [v for v in self.volumes if os.path.isdir(v)]
+            devices = {os.stat(p).st_dev for p in volumes}
+            used = sum(dir_bytes(v) for v in volumes)
+            if not self.disk_quota:
+                devices.add(os.stat(f"/proc/{self.host_pid}/root").st_dev)  # the overlay, as the container sees it
+                used += dir_bytes(upper)
+            used += deleted_open_bytes(self.procs() or {}, devices)
+        elif self.disk_quota:
+            return
+        else:  # a remote daemon: it measures the layer itself (slower); volumes and deleted files are not seen
             used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
         if used > self.disk_cap_mb << 20:
             self.dead = f"the container's files grew past its disk cap of {self.disk_cap_mb} MiB"

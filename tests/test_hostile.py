@@ -284,6 +284,28 @@ def test_disk_cap_counts_deleted_open_files_and_the_containers_log(docker_env, e
     _gone(docker_env, term)
 
 
+def test_disk_cap_counts_the_images_volumes(docker_env, tmp_path):
+    """Bug: a task image's `VOLUME` gave each container an anonymous volume on the host's disk, which
+    neither the writable layer's quota nor its watchdog covers. Its files count against the cap,
+    and the volume goes with the container."""
+    import shutil
+    from conftest import FIXTURE_TASKS
+    d = shutil.copytree(FIXTURE_TASKS / "tb2-partial", tmp_path / "tb2-volume")
+    (d / "environment" / "Dockerfile").write_text("FROM termrl-base:bookworm\nVOLUME /data\nWORKDIR /app\n")
+    task = dataclasses.replace(T.load_tasks(tmp_path)[0], disk_mb=100)
+    with docker_env.reset(task) as term:
+        mounts = docker_env.client.api.inspect_container(term.id)["Mounts"]
+        volumes = [m["Name"] for m in mounts if m["Type"] == "volume"]
+        assert volumes, mounts
+        term.run("for i in $(seq 8); do head -c 50M /dev/zero > /data/big$i || break; done; echo wrote", timeout=60)
+        time.sleep(E.DISK_CHECK_S * 4)
+        r = term.run("echo after")
+        assert term.dead and "disk" in r.output.lower(), r
+    _gone(docker_env, term)
+    names = {v["Name"] for v in docker_env.client.api.volumes().get("Volumes") or []}
+    assert not set(volumes) & names, volumes
+
+
 # --- deadlines from outside the container --------------------------------------------------------------
 
 def test_exec_and_grade_have_a_host_side_deadline(docker_env, easy_tasks):
