@@ -50,34 +50,34 @@ exec {__termrl_out}>&1
 """
 KILL_GRACE_S = 0.5      # after a timeout: how long the shell gets to end the killed command before a restart
 TIMEOUT_MARGIN_S = 2.5  # run(timeout=t) returns within t + this (grace + restart on a busy machine); test_hostile checks it
-MARK = "\x1e"           # framing markers start with this byte (then B/E/P/S, the command's nonce, a number)
+MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, numbers)
 IDLE_S = 1.0            # a shell waiting for input this long with no marker sent has lost its framing: restarted
 _READ_NR = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine)  # read(2), as /proc/PID/syscall names it
-FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n", "\\n\\036P{} 0\\n"]  # the marker formats, for test_hostile's forgeries
+FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n", "\\n\\036E{} 0 0\\n"]  # the marker formats, for test_hostile's forgeries
 
 
-def _command_line(cmd: str, nonce: str, probe: str, answer: int) -> str:
-    """One command framed by a begin and an end marker carrying a fresh nonce, then a probe.
+def _command_line(cmd: str, nonce: str, answer: int) -> str:
+    """One command framed by a begin and an end marker carrying a fresh nonce and a probe's answer.
 
     The nonce is new for every command. The harness's own parts run with stderr closed and with the
     agent's `set -x`/`set -v` off (restored for the command alone), so no trace shows a marker. Before
     the end marker, functions named `builtin` are removed in POSIX mode (where `unset` and `trap` are
     special builtins no function can shadow) and DEBUG/RETURN traps are cleared; every name the
-    harness calls is `\\`-quoted so no alias applies. The probe then runs a command with a known
-    exit status (`answer`) the way the next command will run: a shell whose framing the command broke
-    (a builtin disabled or wrapped, a harness variable made readonly) answers it wrongly or not at
-    all, and is restarted (test_hostile.test_framing_*)."""
+    harness calls is `\\`-quoted so no alias applies. Then a probe runs a command with a known exit
+    status (`answer`) the way the next command will run, and the end marker carries its status too:
+    a shell whose framing the command broke (a builtin disabled or wrapped, a harness variable made
+    readonly) answers it wrongly or sends no marker, and is restarted (test_hostile:
+    test_framing_survives_*, test_a_shell_whose_framing_*, test_traces_to_a_file_*)."""
     a, b = nonce[:len(nonce) // 2], nonce[len(nonce) // 2:]
-    c, d = probe[:len(probe) // 2], probe[len(probe) // 2:]
     return ("{ __t=; __termrl_wm=; \\builtin read -r __t __t __t __t __termrl_wm </proc/loadavg; "
             f"\\builtin printf '\\036B%s%s %s\\n' {a} {b} \"$__termrl_wm\" >&$__termrl_out; "
             "__termrl_rc() { return \"$1\"; }; __termrl_run() { __termrl_rc \"${__termrl_last:-0}\"; eval \"$1\"; }; "
             "case $__termrl_fl in *x*) \\set -x;; esac; case $__termrl_fl in *v*) \\set -v;; esac; } 2>&-; "
             f"__termrl_run {shlex.quote(cmd)} <&$__termrl_in; "
             "{ __termrl_last=$?; POSIXLY_CORRECT=y; __termrl_fl=$-; \\set +xv; \\unset -f builtin; \\unset POSIXLY_CORRECT; "
-            f"\\trap - DEBUG RETURN; \\builtin printf '\\n\\036E%s%s %d\\n' {a} {b} \"$__termrl_last\" >&$__termrl_out; }} 2>&-; "
+            "\\trap - DEBUG RETURN; } 2>&-; "
             f"__termrl_run '\\trap - DEBUG RETURN && __termrl_rc {answer}' <&$__termrl_in 2>&-; "
-            f"{{ \\builtin printf '\\n\\036P%s%s %d\\n' {c} {d} $? >&$__termrl_out; }} 2>&-\n")
+            f"{{ \\builtin printf '\\n\\036E%s%s %d %d\\n' {a} {b} \"$__termrl_last\" $? >&$__termrl_out; }} 2>&-\n")
 
 
 class Terminal:
@@ -281,9 +281,9 @@ class Terminal:
         first = self._end_fork_bomb()
         restarts = self._restarts
         note, sink = "", Capped(self.output_cap)
-        nonce, probe, answer = os.urandom(8).hex(), os.urandom(8).hex(), 1 + os.urandom(1)[0] % 120
+        nonce, answer = os.urandom(8).hex(), 1 + os.urandom(1)[0] % 120
         try:
-            self._send(_command_line(cmd, nonce, probe, answer))
+            self._send(_command_line(cmd, nonce, answer))
         except OSError as e:
             if not self._restart_session():
                 return self._dead_result(t0)
@@ -295,13 +295,11 @@ class Terminal:
         exit_code, timed_out = None, False
         if found:
             found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
-            if found:
-                exit_code = int(status)
-                if self._probe_ok(probe, answer, deadline):
-                    note += _detach_background(self)
-                else:
-                    exit_code = None
-                    note += self._reframe()
+            if found and _answered(status, answer):
+                exit_code = int(status.split()[0])
+                note += _detach_background(self)
+            elif found:
+                note += self._reframe()
             elif status == "eof":
                 if self.dead or not self._restart_session():
                     return self._dead_result(t0, sink.text())
@@ -312,7 +310,7 @@ class Terminal:
                 timed_out = True
                 why = (f"timed out after {timeout:g}s" if status == "timeout"
                        else f"produced more than {FLOOD_LIMIT >> 20} MiB of output")
-                note += self._recover(_watermark(wm, self._floor), why, sink, nonce, probe, answer)
+                note += self._recover(_watermark(wm, self._floor), why, sink, nonce, answer)
         elif wm == "idle":  # the shell read the command line and printed no begin marker
             note += self._reframe()
         else:  # the shell never picked the command up
@@ -326,12 +324,6 @@ class Terminal:
         return CommandResult(first + sink.text() + note, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted),
                              shell_restarted=self._restarts > restarts)
 
-    def _probe_ok(self, probe: str, answer: int, deadline: float) -> bool:
-        """Whether the probe after a command's end marker came back with its known exit status."""
-        found, status = self._read_until(f"\n{MARK}P{probe} ".encode(), max(deadline, time.monotonic() + KILL_GRACE_S),
-                                         Capped(0))
-        return found and status == str(answer)
-
     def _reframe(self) -> str:
         """Replace a shell whose framing the last command broke (_command_line's probe failed)."""
         if not self._restart_session():
@@ -340,10 +332,10 @@ class Terminal:
                 "(a builtin disabled or redefined, a harness variable made readonly); its exit status is unknown. "
                 "A new shell was started: variables and cwd were reset]")
 
-    def _recover(self, watermark: int, why: str, sink: Capped, nonce: str, probe: str, answer: int) -> str:
+    def _recover(self, watermark: int, why: str, sink: Capped, nonce: str, answer: int) -> str:
         _kill_command(self, watermark)
-        found, _ = self._read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
-        if found and self._probe_ok(probe, answer, 0):
+        found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
+        if found and _answered(status, answer):
             return f"\n[command {why} and was killed; the shell is still usable]"
         if not self._restart_session():
             return ""
@@ -451,6 +443,12 @@ class Terminal:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _answered(status: str, answer: int) -> bool:
+    """Whether an end marker's fields are an exit status and the probe's known answer."""
+    fields = status.split()
+    return len(fields) == 2 and fields[0].isdigit() and fields[1] == str(answer)
 
 
 def _watermark(text: str, floor: int) -> int:
