@@ -610,7 +610,8 @@ def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
 def gspo_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
     """GSPO-token: s_i = exp(mean_{t∈i} log π_θ/π_old) (sequence geometric-mean ratio) carried by
     every token as s_i,t = sg[s_i]·π_θ(t)/sg[π_θ(t)], clipped at sequence level; equals GSPO when
-    a row's advantages are equal, and allows per-chunk G_k. Returns as ppo_clip_loss."""
+    a row's advantages are equal, and allows per-chunk G_k. The mean runs over `mask`, every sampled
+    token of the row. Returns as ppo_clip_loss."""
     log_ratio = _log_ratio(logprobs, old_logprobs, mask)
     seq = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(seq[:, None] + logprobs - logprobs.detach())
@@ -621,8 +622,9 @@ def gspo_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
 def ipa_chunk_loss(logprobs, old_logprobs, advantages, mask, chunk_ids, positive=None):
     """IPA chunk-level REINFORCE (Eqs. 5, 8, 9): −w_c·G_t·log π_θ(t) with w_c = 1 on T+ rows
     (`positive` [B], default: positive advantage; no importance weight) and w_c = sg[clip(ρ_c, 0, 1)]
-    on T−, ρ_c = exp(mean_{t∈c} log π_θ(t)/π_old(t)) (Eq. 8). Returns (loss, ρ_c per token,
-    clipped_low (never), clipped_high = T− tokens whose ρ_c was cut to 1)."""
+    on T−, ρ_c = exp(mean_{t∈c} log π_θ(t)/π_old(t)) (Eq. 8) over every sampled token of chunk c
+    (`mask`: a token a mismatch mask drops still counts in its chunk's ρ_c). Returns (loss, ρ_c per
+    token, clipped_low (never), clipped_high = T− tokens whose ρ_c was cut to 1)."""
     rho = _exp(chunk_mean(_log_ratio(logprobs.detach(), old_logprobs, mask), chunk_ids, mask))
     positive = (trajectory_sign(advantages) > 0 if positive is None else positive)[:, None]
     weight = torch.where(positive, torch.ones_like(rho), rho.clamp(max=1.0))
@@ -636,9 +638,11 @@ def imitation_loss(logprobs, weight):
 
 
 def k3_kl(logprobs, ref_logprobs):
-    """Schulman's k3 estimator of KL(π_θ‖π_ref) per token: e^(ref−lp) − (ref−lp) − 1 (≥ 0)."""
-    d = (ref_logprobs - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return torch.exp(d) - d - 1
+    """Schulman's k3 estimator of KL(π_θ‖π_ref) per token: e^(ref−lp) − (ref−lp) − 1 (≥ 0). Only
+    the exponent is clamped (against overflow): d itself keeps its gradient 1 − e^d where π_θ has
+    drifted furthest above π_ref (tests/test_algo.py::test_k3_kl_keeps_its_gradient_where_the_policy_drifted_furthest)."""
+    d = ref_logprobs - logprobs
+    return torch.exp(d.clamp(max=MAX_LOG_RATIO)) - d - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -719,12 +723,15 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     advantages = advantages.detach()
     rl, il, is_weight, metrics = train_masks(batch, advantages, cfg, old, keep)
 
+    # ratios over every sampled token: GSPO's s_i and IPA's ρ_c (Eq. 8) are means over the whole
+    # sequence / chunk, mismatch-masked tokens included (only the loss is restricted to rl)
+    sampled = batch.loss_mask.float() * batch.valid[:, None]
     if cfg.loss == "ppo":
-        pg, ratio, lo, hi = ppo_clip_loss(logprobs, old, advantages, rl, cfg.clip_low, cfg.clip_high)
+        pg, ratio, lo, hi = ppo_clip_loss(logprobs, old, advantages, sampled, cfg.clip_low, cfg.clip_high)
     elif cfg.loss == "gspo":
-        pg, ratio, lo, hi = gspo_loss(logprobs, old, advantages, rl, cfg.seq_clip_low, cfg.seq_clip_high)
+        pg, ratio, lo, hi = gspo_loss(logprobs, old, advantages, sampled, cfg.seq_clip_low, cfg.seq_clip_high)
     else:
-        pg, ratio, lo, hi = ipa_chunk_loss(logprobs, old, advantages, rl, batch.chunk_ids,
+        pg, ratio, lo, hi = ipa_chunk_loss(logprobs, old, advantages, sampled, batch.chunk_ids,
                                            positive_trajectories(batch, advantages, cfg.split_on))
     pg = pg * is_weight
 

@@ -349,7 +349,7 @@ def test_gspo_sequence_ratio_value_and_gradient():
         assert ratio[0, t].item() == pytest.approx(s0) and loss[0, t].item() == pytest.approx(-s0)
         assert lp.grad[0, t].item() == pytest.approx(-s0)             # s_i·∇log π_θ(t)·A
     for t in (1, 2):
-        assert loss[1, t].item() == pytest.approx(-1.1 * 0.5) and hi[1, t]
+        assert ratio[1, t].item() == pytest.approx(s1) and loss[1, t].item() == pytest.approx(-1.1 * 0.5) and hi[1, t]
         assert lp.grad[1, t].item() == 0.0                            # clipped: no gradient
     assert lp.grad[0, 4].item() == 0.0 and not hi[0].any() and not lo.any()
 
@@ -746,3 +746,39 @@ def test_defaults_are_the_papers_one_sided_reward_split():
     b.infer_logprobs = torch.tensor([[0.0, -0.5, -0.5]])  # π_old/μ = e^-2.5 < 1/H: kept by Eq. 6
     _, m = algo.policy_loss(b.old_logprobs.clone(), b, algo.compute_advantages(b, cfg), cfg)
     assert m["mismatch_chunk_frac"] == 0.0
+
+
+@pytest.mark.parametrize("loss_name", ["ipa", "gspo"])
+def test_chunk_ratio_under_token_mask_is_over_the_whole_chunk(loss_name):
+    """Bug: with mismatch token_mask, IPA's ρ_c (Eq. 8) was the geometric mean of π_θ/π_old over
+    the chunk's kept tokens, not over the chunk: log-ratios [0.4, −0.4, −1.0] with the third token
+    masked gave ρ_c = 1 instead of e^(−1/3), and a T− chunk its full weight. GSPO's sequence
+    ratio s_i is over the whole response in the same way."""
+    b = build_batch(["paaa"], [0.0])                      # T−: ρ_c weights the row
+    lp = torch.tensor([[0.0, -1.0, -1.0, -1.0]])
+    b.old_logprobs = lp - torch.tensor([[0.0, 0.4, -0.4, -1.0]])
+    b.infer_logprobs = b.old_logprobs.clone()
+    b.infer_logprobs[0, 3] -= 2.0                         # π_old/μ = e^2 > H = 5: token_mask drops it
+    cfg = AlgoConfig(loss=loss_name, mismatch="token_mask")
+    lpg = lp.clone().requires_grad_()
+    loss, m = algo.policy_loss(lpg, b, algo.compute_advantages(b, cfg), cfg)
+    assert m["mismatch_token_frac"] == pytest.approx(1 / 3)
+    assert m["ratio_mean"] == pytest.approx(math.exp(-1 / 3), rel=1e-12)
+    if loss_name == "ipa":  # −w·G·log π per kept token, G = −1, w = ρ_c, mean over the 2 kept tokens
+        loss.backward()
+        assert lpg.grad[0].tolist() == pytest.approx([0.0, math.exp(-1 / 3) / 2, math.exp(-1 / 3) / 2, 0.0],
+                                                     rel=1e-12)
+
+
+def test_k3_kl_keeps_its_gradient_where_the_policy_drifted_furthest():
+    """Bug: k3_kl clamped d = log π_ref − log π_θ itself to ±20, so where d < −20 (π_θ far above
+    π_ref) its value was stuck at 19 and its gradient was 0: the KL term let go exactly there.
+    Only the exponent needs the clamp (e^d cannot overflow for d < 0)."""
+    lp = torch.tensor([[-1.0, -1.0, -1.0]], requires_grad=True)
+    ref = torch.tensor([[-31.0, -1.5, 30.0]])             # d = −30, −0.5, +31
+    kl = algo.k3_kl(lp, ref)
+    assert kl[0, :2].tolist() == pytest.approx([math.exp(-30) + 29, math.exp(-0.5) - 0.5], rel=1e-12)
+    assert math.isfinite(kl[0, 2].item())
+    kl.sum().backward()                                   # d k3 / d lp = 1 − e^d
+    assert lp.grad[0, :2].tolist() == pytest.approx([1 - math.exp(-30), 1 - math.exp(-0.5)], rel=1e-12)
+    assert math.isfinite(lp.grad[0, 2].item())
