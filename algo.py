@@ -6,7 +6,7 @@ by side. One batch schema (`Batch`, built by rollout.py), one config (`AlgoConfi
 `algo:` in train.py's YAML), and two entry points:
 
     adv = compute_advantages(batch, cfg)                         # [B,T], Eq. 7 chunk returns
-    loss, metrics = policy_loss(logprobs, batch, adv, cfg)       # PPO-clip | GSPO | IPA (Eq. 9)
+    loss, metrics, mask = policy_loss(logprobs, batch, adv, cfg) # PPO-clip | GSPO | IPA (Eq. 9)
 
 Conventions
 - Every [B,T] tensor is right-padded; `lp[b,t] = log π(input_ids[b,t] | input_ids[b,:t])`,
@@ -29,9 +29,9 @@ runs (on-policy, the mismatch masks depend on the log-probs of its own forward):
     for idx in micro_batches_of(rows):                   # learner.py packs them by token budget
         mb = <rows idx of batch>
         lp, ent = token_logprobs(model(mb.input_ids).logits, mb.input_ids)
-        loss, m = policy_loss(lp, mb, adv[idx], cfg, ent, keep=keep[idx], denominator=1.0)
+        loss, m, mask = policy_loss(lp, mb, adv[idx], cfg, ent, keep=keep[idx], denominator=1.0)
         loss.backward()
-        masks.append(<train_masks(mb, ...)'s rl + il>)
+        masks.append(mask)                               # the tokens it trained
     den = aggregation_denominator(known if known is not None else cat(masks), cfg.agg, cfg.norm_length)
     for p in params: p.grad /= den                       # sum of micro losses / den == full loss
 """
@@ -691,7 +691,9 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     """Total loss λ_RL·PG + λ_IL·imitation (Eq. 10) + kl_coef·KL − entropy_coef·H, all per token and
     reduced once by `aggregate` over sampled ∪ prefilled trained tokens. PG is cfg.loss's
     per-token loss times the mismatch IS weight. `keep` [B] and `denominator` default to this
-    batch's own (pass the full batch's when micro-batching). Returns (scalar loss, float metrics).
+    batch's own (pass the full batch's when micro-batching). Returns (scalar loss, float metrics,
+    the trained-token mask [B,T] it reduced over: sampled tokens that train + prefilled ones, whose
+    aggregation_denominator is this batch's denominator).
 
     Metrics (plain floats; a mean over an empty set is 0.0):
       loss = rl_coef·pg_loss + imitation_coef·imitation_loss + kl_coef·kl_loss
@@ -771,4 +773,4 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
         "ratio_max": float(r.max()) if r.numel() else 0.0,
         **advantage_stats(advantages, rl),
     })
-    return loss, metrics
+    return loss, metrics, mask

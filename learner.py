@@ -368,10 +368,8 @@ def rl_step(model, opt, sched, batch, adv, acfg, tcfg, temperature: float = 1.0,
 
     def micro_loss(lp, ent, mb, ex, mb_rows):
         kmb, amb = keep[mb_rows].to(lp.device), ex["adv"]
-        old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
-        rl, il, _, _ = algo.train_masks(mb, amb, acfg, old, kmb)
-        loss, mm = algo.policy_loss(lp, mb, amb, acfg, ent, keep=kmb, denominator=1.0)
-        return loss, rl + il, mm
+        loss, mm, mask = algo.policy_loss(lp, mb, amb, acfg, ent, keep=kmb, denominator=1.0)
+        return loss, mask, mm
 
     means, step = optimizer_step(
         model, opt, sched, batch, rows, micro_loss,

@@ -162,7 +162,7 @@ def test_rows_with_zero_gradient_are_skipped_and_the_update_is_unchanged(tiny_mo
         else:  # the reference: every row in one forward
             lp, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                               use_cache=False).logits, batch.input_ids)
-            loss, ref = algo.policy_loss(lp, batch, algo.compute_advantages(batch, acfg), acfg)
+            loss, ref, _ = algo.policy_loss(lp, batch, algo.compute_advantages(batch, acfg), acfg)
             loss.backward()
             opt.step()
         params.append([p.detach().clone() for p in model.parameters()])
