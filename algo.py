@@ -24,8 +24,8 @@ runs (on-policy, the mismatch masks depend on the log-probs of its own forward):
 
     adv = compute_advantages(batch, cfg)
     keep, _ = keep_rows(batch, adv, cfg)                 # group filters need whole groups
-    rows, known = rows_that_train(batch, adv, keep, cfg) # rows whose loss can move the weights
-    masks = []
+    rows, probe, known = rows_that_train(batch, adv, keep, cfg)  # which rows to forward
+    masks = [<train_masks of the probe rows, under their no-grad π_old>] if probe else []
     for idx in micro_batches_of(rows):                   # learner.py packs them by token budget
         mb = <rows idx of batch>
         lp, ent = token_logprobs(model(mb.input_ids).logits, mb.input_ids)
@@ -34,6 +34,9 @@ runs (on-policy, the mismatch masks depend on the log-probs of its own forward):
         masks.append(mask)                               # the tokens it trained
     den = aggregation_denominator(known if known is not None else cat(masks), cfg.agg, cfg.norm_length)
     for p in params: p.grad /= den                       # sum of micro losses / den == full loss
+
+Before the optimizer step, every micro-batch's `lp` is log π_old: the updates after the first on
+the same batch (PPO epochs) take batch.old_logprobs from those forwards (learner.rl_step).
 """
 from __future__ import annotations
 
@@ -72,9 +75,11 @@ class Batch:
                                    belongs to, 0 ≤ k < num_chunks[b]; -1 everywhere else.
       infer_logprobs  FloatTensor  log μ(token) the inference engine reported when sampling;
                                    0 where loss_mask is 0.
-      old_logprobs    FloatTensor | None  log π_old(token), the trainer's policy at rollout time;
-                                   train.py fills it before the update. None means "on-policy":
-                                   policy_loss then uses the current log-probs, detached.
+      old_logprobs    FloatTensor | None  log π_old(token), the trainer's policy before the first
+                                   update on the batch; learner.rl_step fills it from that update's
+                                   own forwards for the ones after it (rows it never forwarded
+                                   hold infer_logprobs). None means "on-policy": policy_loss then
+                                   uses the current log-probs, detached.
       ref_logprobs    FloatTensor | None  log π_ref(token), the reference policy's, for the KL term
                                    (algo.kl_coef); learner.fill_ref_logprobs fills it.
     Per trajectory [B]:
@@ -459,22 +464,28 @@ def can_move(batch: Batch, advantages, cfg: AlgoConfig) -> bool:
 
 
 def rows_that_train(batch: Batch, advantages, keep, cfg: AlgoConfig):
-    """Rows whose loss can move the weights, and the whole batch's trained-token mask when rows are
-    left out (the loss denominator counts their tokens all the same), else None.
+    """Which rows to forward: (rows whose loss can move the weights, forwarded with grad; rows that
+    cannot, but whose trained-token mask needs π_old, forwarded once without grad; the whole
+    batch's trained-token mask when no forward is needed for it, else None).
 
-    Rows not in `keep` have empty masks. Without a KL or entropy term, a row whose trained tokens
-    all have advantage 0 (a failed episode under REINFORCE, a zero-variance group under GRPO) has
-    zero gradient under every loss here, so it need not be forwarded. Its tokens' mismatch mask
-    needs π_old, so such rows are left out only once π_old is known (batch.old_logprobs) or when
-    cfg.mismatch does not use it."""
+    Rows not in `keep` have empty masks and are never forwarded. Without a KL or entropy term, a
+    row whose trained tokens all have advantage 0 (a failed episode under REINFORCE, a
+    zero-variance group under GRPO) has zero gradient under every loss here. Its tokens still count
+    in the loss denominator, and a mismatch mask ("token_mask", "chunk_mask") decides which of them
+    do from π_old/μ: until π_old is known (batch.old_logprobs), such a row is the second kind, and
+    the first kind are the rows with signal before any mismatch mask."""
     rows = [i for i in range(len(batch)) if keep[i]]
-    if cfg.kl_coef or cfg.entropy_coef or (batch.old_logprobs is None
-                                          and cfg.mismatch in ("token_mask", "chunk_mask")):
-        return rows, None
+    if cfg.kl_coef or cfg.entropy_coef:
+        return rows, [], None
+    if batch.old_logprobs is None and cfg.mismatch in ("token_mask", "chunk_mask"):
+        sampled = batch.loss_mask.float() * batch.valid[:, None]
+        imitation = batch.imitation_mask.float() * (cfg.imitation_coef != 0)
+        moves = rows_with_signal(advantages, sampled, imitation)
+        return [i for i in rows if moves[i]], [i for i in rows if not moves[i]], None
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.infer_logprobs  # unused by the masks then
     rl, il, _, _ = train_masks(batch, advantages, cfg, old, keep)
     moves = rows_with_signal(advantages, rl, il)
-    return [i for i in rows if moves[i]], rl + il
+    return [i for i in rows if moves[i]], [], rl + il
 
 
 def keep_rows(batch: Batch, advantages, cfg: AlgoConfig):

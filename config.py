@@ -107,8 +107,8 @@ class TrainConfig:
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2), SFT and RL
     grad_clip: float = 1.0                 # max global gradient norm; 0 = no clipping
     micro_batch_tokens: int = 8192         # padded tokens per forward/backward (micro-batches by budget)
-    updates_per_step: int = 1              # optimizer steps per rollout batch (>1: a π_old pass first, then
-                                           # each step measures its ratios against it, as PPO epochs)
+    updates_per_step: int = 1              # optimizer steps per rollout batch (>1: each step after the first
+                                           # measures its ratios against π_old, as PPO epochs)
     mode: str = "sync"                     # sync (on-policy) | async (rollouts overlap training)
     max_staleness: int = 1                 # async: drop trajectories > this many versions old
     parallel: str = "ddp"                  # under torchrun: ddp | fsdp

@@ -606,8 +606,8 @@ def test_micro_batches_add_up_to_the_full_batch(agg):
     assert fm["filtered_group_share"] == pytest.approx(1 / 3)  # group 1 is all failures
 
     keep, _ = algo.keep_rows(b, adv, cfg)
-    rows, known = algo.rows_that_train(b, adv, keep, cfg)
-    assert known is None and rows == [i for i in range(len(b)) if keep[i]]  # entropy: every kept row trains
+    rows, probe, known = algo.rows_that_train(b, adv, keep, cfg)
+    assert known is None and not probe and rows == [i for i in range(len(b)) if keep[i]]  # entropy: every kept row trains
     total, masks = 0.0, torch.zeros_like(b.loss_mask)
     pol.zero_grad()
     for idx in [[0, 2, 4], [1, 3, 5]]:                 # groups split across micro-batches
@@ -631,11 +631,11 @@ def test_rows_that_train_leave_out_rows_without_signal_and_keep_their_tokens_in_
     cfg = AlgoConfig(baseline="none", negative_reward=0.0, mismatch="none", agg="token_mean")
     adv = algo.compute_advantages(b, cfg)
     keep, _ = algo.keep_rows(b, adv, cfg)
-    rows, known = algo.rows_that_train(b, adv, keep, cfg)
-    assert rows == [0, 2] and known is not None
+    rows, probe, known = algo.rows_that_train(b, adv, keep, cfg)
+    assert rows == [0, 2] and not probe and known is not None
     assert algo.aggregation_denominator(known, cfg.agg) == float(b.loss_mask.sum())
-    b.old_logprobs = None  # a mismatch mask needs π_old: without it, every kept row is forwarded
-    assert algo.rows_that_train(b, adv, keep, AlgoConfig(baseline="none", negative_reward=0.0))[0] == [0, 1, 2]
+    b.old_logprobs = None  # a mismatch mask needs π_old: without it, the failure is forwarded for its mask alone
+    assert algo.rows_that_train(b, adv, keep, AlgoConfig(baseline="none", negative_reward=0.0)) == ([0, 2], [1], None)
 
 
 def test_policy_loss_errors_name_the_missing_input():
