@@ -26,6 +26,8 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str = "out/tiny"                 # Hugging Face model directory (or a name in the local HF cache)
     build_tiny: bool = False               # build tiny.py's model into `path` first (no downloads)
+    fetch: str = ""                        # the command that makes `path` (e.g. a conversion script): a missing
+    #                                        path's error names it instead of a hub download
     tiny: dict = field(default_factory=dict)  # extra kwargs for tiny.build_tiny_model (hidden_size, ...)
     lora: bool = False                     # train a LoRA adapter (peft) instead of all weights
     lora_rank: int = 16                    # adapter rank: capacity vs memory (and vLLM's max_lora_rank)

@@ -47,6 +47,10 @@ def check_model_path(cfg):
     p = Path(path).expanduser()
     if (p / "config.json").exists():
         return
+    if cfg.model.fetch:  # a folder a script makes: that script, not a hub download, is what to run
+        state = f"{p} is not a model directory (no config.json)" if p.exists() else f"{p.resolve()} does not exist"
+        raise SystemExit(f"model.path {path!r}: {state}. This config's model is made by `{cfg.model.fetch}` "
+                         f"(model.fetch): run that, then this command again.")
     hint = ("Point model.path at a local Hugging Face model directory, or a hub id (org/name), or set "
             "model.build_tiny: true to build the tiny CPU model there.")
     if p.exists() or path.count("/") != 1 or path.startswith((".", "/", "~")):

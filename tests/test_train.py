@@ -73,6 +73,22 @@ def test_dry_run_cli_reports_a_missing_model(tmp_path):
     assert f"{tmp_path}/nope does not exist" in r.stdout and "docker: reachable" in r.stdout
 
 
+def test_dry_run_names_the_script_that_makes_a_missing_model(tmp_path):
+    """Bug: before scripts/get_smollm2.py had run, the SmolLM2 config's relative model.path
+    (out/<name>, shaped like a hub id) got `huggingface-cli download out/<name>`, a hub command for
+    a local folder. A config whose model a script makes says so (model.fetch), and the error
+    names that one command."""
+    text = (ROOT / "configs" / "smollm2-cpu.yaml").read_text()
+    assert "out/smollm2-135m-instruct" in text and "fetch: python scripts/get_smollm2.py" in text
+    missing = f"out/{tmp_path.name}-smollm2"  # relative, as shipped, and absent
+    (tmp_path / "smollm2.yaml").write_text(text.replace("out/smollm2-135m-instruct", missing))
+    r = subprocess.run([sys.executable, "train.py", "--config", str(tmp_path / "smollm2.yaml"), "--dry-run"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert f"{(ROOT / missing).resolve()} does not exist" in r.stdout
+    assert "`python scripts/get_smollm2.py`" in r.stdout and "huggingface-cli" not in r.stdout
+
+
 # --- data order and micro-batches ---------------------------------------------------------
 
 def test_step_tasks_is_a_pure_function_of_step_covering_each_epoch():
