@@ -18,4 +18,4 @@ demo-smollm2: setup
 	$(PYTHON) train.py --config configs/smollm2-cpu.yaml
 
 validate: setup
-	$(PYTHON) env.py validate tasks/
+	$(PYTHON) tasktool.py validate tasks/

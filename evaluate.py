@@ -371,19 +371,16 @@ class Step:
     command: str | None       # None: the assistant turn had no valid tool call
     exit_code: int | None = None
     timed_out: bool = False
-    shell_died: bool = False  # the command ended the agent's own shell (exit, kill $$, ...)
-
-
-_EXIT_RE = re.compile(r"\[exit code: (-?\d+)\]")
-# what env.Terminal.run appends to the output when a command times out / floods / ends the shell
-_TIMEOUT_NOTES = ("[command timed out after", "[command produced more than")
-_SHELL_NOTES = ("[the shell exited;", "[the shell had died", "the shell had to be restarted")
+    shell_restarted: bool = False  # the agent's shell was replaced during the command (exit, kill $$, ...)
 
 
 def episode_steps(t) -> list[Step]:
     """The policy's bash calls in one trajectory with their results (rollout.py's messages:
     assistant {'tool_call': {'name', 'arguments'}} or no tool_call when invalid, then a tool
-    message whose content ends in '[exit code: N]'). Oracle-prefilled turns are skipped."""
+    message whose `result` holds the command's exit_code, timed_out, shell_restarted: see
+    chat.tool_message). Oracle-prefilled turns are skipped. A tool message without `result`
+    (trajectory files written before it existed, or the error answer to an invalid call) gives
+    an unknown exit code and no timeout or shell restart: the text is never parsed."""
     steps, msgs = [], _get(t, "messages") or []
     for i, m in enumerate(msgs):
         if m.get("role") != "assistant" or m.get("prefilled"):
@@ -400,11 +397,10 @@ def episode_steps(t) -> list[Step]:
             continue  # submit
         step = Step((call.get("arguments") or {}).get("command", ""))
         if nxt is not None and nxt.get("role") == "tool":
-            text = nxt.get("content") or ""
-            codes = _EXIT_RE.findall(text)
-            step.exit_code = nxt.get("exit_code", int(codes[-1]) if codes else None)
-            step.timed_out = bool(nxt.get("timed_out", any(n in text for n in _TIMEOUT_NOTES)))
-            step.shell_died = any(n in text for n in _SHELL_NOTES)
+            result = nxt.get("result") or {}
+            step.exit_code = result.get("exit_code")
+            step.timed_out = bool(result.get("timed_out", False))
+            step.shell_restarted = bool(result.get("shell_restarted", False))
         steps.append(step)
     return steps
 
@@ -457,7 +453,7 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
             st["timed_out"] += s.timed_out
             n_failed += failed
             n_timeout += s.timed_out
-            n_shell += s.shell_died
+            n_shell += s.shell_restarted
             for cat, why in classify_command(s.command):
                 f = flags[cat]
                 f["commands"] += 1
@@ -470,7 +466,7 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
         for lp in find_loops(cmds, loop_repeats):
             loops.append({"episode": ei, "task": _get(t, "task_name"), **lp})
         finishes[_get(t, "finish_reason")] += 1
-        if why := (_get(t, "grade") or {}).get("tampered"):  # env.Terminal.grade's evidence; graded 0
+        if why := (_get(t, "grade") or {}).get("tampered"):  # grading.grade's evidence; graded 0
             tampered.append({"episode": ei, "task": _get(t, "task_name"), "evidence": why[:300]})
         if is_valid(t):
             rewards.append(_get(t, "reward"))
@@ -487,7 +483,7 @@ def behaviour_report(trajectories, loop_repeats: int = 3, max_examples: int = 5)
         "duplicate_rate": n_dup / n_cmds if n_cmds else 0.0,
         "looping_episodes": len({lp["episode"] for lp in loops}), "loops": loops[:max_examples * 4],
         "invalid_tool_calls": n_invalid, "episodes_with_invalid_tool_calls": ep_invalid,
-        "shell_deaths": n_shell,
+        "shell_restarts": n_shell,
         "tampered_episodes": len(tampered), "tampered": tampered[:max_examples * 4],
         "programs": dict(sorted(progs.items(), key=lambda kv: -kv[1]["count"])),
         "flags": {cat: flags[cat] for cat in ("tests", "solution", "network", "outside",
@@ -505,7 +501,7 @@ def format_behaviour(r: dict, top: int = 12) -> str:
              f"{r['repeat_rate']:.1%}, seen before in the episode {r['duplicate_rate']:.1%}",
              f"looping episodes: {r['looping_episodes']}   invalid tool calls: "
              f"{r['invalid_tool_calls']} (in {r['episodes_with_invalid_tool_calls']} episodes)   "
-             f"shell deaths: {r['shell_deaths']}"]
+             f"shell restarts: {r['shell_restarts']}"]
     if r["mean_reward"] is not None:
         lines.append(f"mean reward {r['mean_reward']:.3f}   finish reasons: "
                      + ", ".join(f"{k}:{v}" for k, v in r["finish_reasons"].items()))
@@ -653,9 +649,10 @@ def _lora_rank(adapter, default: int) -> int:
 
 
 def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
-    """(rollout.Policy, what it is) for `model_spec` (kind 'model'), or a scripted policy
+    """(policy.Policy, what it is) for `model_spec` (kind 'model'), or a scripted policy
     (oracle / noop / garbage) that uses only the model's tokenizer."""
-    import rollout
+    from engines import ScriptedEngine
+    from policy import Policy
     from transformers import AutoTokenizer
 
     if model_spec is None and cfg.model.build_tiny:
@@ -670,7 +667,7 @@ def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
     if kind != "model":
         modes = {"oracle": ("oracle", ()), "noop": ("fixed", ()), "garbage": ("garbage", ())}
         mode, cmds = modes[kind]
-        return rollout.Policy(rollout.ScriptedEngine(tok, mode, commands=cmds), tok,
+        return Policy(ScriptedEngine(tok, mode, commands=cmds), tok,
                               template_kwargs=tkw, tools=rcfg.tools), {**info, "engine": "scripted"}
     import learner  # costly (torch, transformers): only a model policy needs them
     import train  # its engine recipe (dtype, KV cache, LoRA) so train-time and eval numbers agree
@@ -678,7 +675,7 @@ def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
     if adapter is not None:  # the engine must accept this adapter whatever the config says
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, lora=True, lora_rank=_lora_rank(adapter, cfg.model.lora_rank)))
-    policy = rollout.Policy(train.make_engine(cfg, base, device), tok, version=version,
+    policy = Policy(train.make_engine(cfg, base, device), tok, version=version,
                             template_kwargs=tkw, tools=rcfg.tools)
     if adapter is not None:
         policy.load_lora(adapter, version)

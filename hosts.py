@@ -141,7 +141,7 @@ class Host:
         self.down_since: float | None = None
         self.why = ""
         # whether /proc, cgroups and the overlay dirs of this machine may be used for its containers:
-        # only once /proc/<pid>/cgroup names the container (env.Terminal checks); a test sets it False
+        # only once /proc/<pid>/cgroup names the container (terminal.Terminal checks); a test sets it False
         # to take the Docker-API path a daemon on another machine needs
         self.host_side = True
         self.lost: set[str] = set()  # ids of containers lost at a drain, removed when the host rejoins

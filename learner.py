@@ -95,7 +95,16 @@ def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = Fals
     m = cfg.model
     dtype = compute_dtype(cfg, device)
     base_path = resume / "model" if (resume and not m.lora) else m.path
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32)
+    # under torchrun rank 0 alone reads the fp32 weights into host memory, once a run (not once a rank:
+    # 8 x 32.8 GB for Qwen3-8B); the others build the model where it will live and take rank 0's
+    # (tests/test_gpu_path.py::test_rank_0_alone_reads_the_weights)
+    from_rank0 = distributed.world_size() > 1 and not (m.lora or frozen)
+    if from_rank0 and dist.get_rank() != 0:
+        from transformers import AutoConfig
+        with torch.random.fork_rng(devices=[]), torch.device(device):  # its random init is overwritten: no draw counts
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path), dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32)
     if m.lora:
         from peft import LoraConfig, PeftModel, get_peft_model  # optional: LoRA runs only
         if resume:
@@ -110,10 +119,20 @@ def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = Fals
             model.enable_input_require_grads()  # else checkpointed blocks see no input needing grad
     model.config.use_cache = False
     model = model.to(device)
+    if from_rank0:
+        distributed.broadcast_from_rank0(model)
     if dtype != torch.float32 and not (distributed.world_size() > 1 and cfg.train.parallel == "fsdp"):
         # FSDP2 casts in its MixedPrecisionPolicy instead (distributed.wrap_parallel)
         model.forward = torch.autocast(device_type=device.split(":")[0], dtype=dtype)(model.forward)
     return model
+
+
+def release_cached_memory(device: str):
+    """Hand the GPU blocks torch's caching allocator holds but no tensor uses (a step's
+    activations) back to the driver before the engine wakes: vLLM allocates its weights and KV
+    cache through its own pool (CuMemAllocator), which cannot use them. A no-op on CPU."""
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 import distributed
 import learner
+from policy import ScriptedPolicy
 import rollout
 
 
@@ -43,7 +44,7 @@ def validation(model, batch, cfg, temperature: float) -> dict:
 
 def oracle_demos(cfg, tok, env, tasks, val_tasks, rcfg, rank: int = 0) -> tuple[list, list]:
     """(train demos of all ranks, this rank's validation demos): the oracle's passing trajectories."""
-    with rollout.ScriptedPolicy(tok, "oracle", template_kwargs=rcfg.chat_template_kwargs,
+    with ScriptedPolicy(tok, "oracle", template_kwargs=rcfg.chat_template_kwargs,
                                 tools=rcfg.tools) as oracle:  # real containers: real tool outputs
         demos = rollout.collect(tasks + val_tasks, oracle, env,
                                 dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
@@ -58,10 +59,10 @@ def oracle_demos(cfg, tok, env, tasks, val_tasks, rcfg, rank: int = 0) -> tuple[
     demos = [t for part in distributed.gather(demos, world) for t in part]
     if len(demos) < world:  # world >= 1: no demo at all is an error too
         raise SystemExit(f"SFT: {len(demos)} oracle trajectories passed their tests (ranks: {world}); "
-                         f"check the tasks with `python env.py validate`")
+                         f"check the tasks with `python tasktool.py validate`")
     if cfg.sft.val_tasks and min(distributed.gather(len(val), world)) < 1:
         raise SystemExit(f"SFT validation: no oracle trajectory of the {cfg.sft.val_tasks} sft.val_tasks passed its tests "
-                         f"on some rank; raise sft.val_tasks or check the tasks with `python env.py validate`")
+                         f"on some rank; raise sft.val_tasks or check the tasks with `python tasktool.py validate`")
     return demos, val
 
 

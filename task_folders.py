@@ -50,7 +50,7 @@ class Task:
     disk_mb: int = DEFAULT_DISK_MB    # the container's writable layer (env.py enforces it; README "Disk cap")
     allow_internet: bool = False
     metadata: dict = field(default_factory=dict)
-    # Grading integrity opt-outs, for tasks whose legitimate solution needs them (env.Terminal.grade):
+    # Grading integrity opt-outs, for tasks whose legitimate solution needs them (grading.grade):
     keep_agent_processes: bool = False  # the tests talk to a service the agent started
     env: dict = field(default_factory=dict)  # environment variables of the container (Harbor [environment.env])
     tests_in_agent_shell: bool = False  # TB1 run_tests_in_same_shell: the tests see the agent's exported variables

@@ -23,8 +23,9 @@ import shutil
 import time
 from pathlib import Path
 
+from chat import tool_call_text
 from task_folders import oracle_commands
-from generated_tasks import generate_easy_tasks
+from generated_tasks import generate_tasks
 
 # torch, transformers, tokenizers and jinja2 are imported inside the functions that use them, so that
 # `python tiny.py --help` and the corpus helpers start in a fraction of a second.
@@ -292,27 +293,27 @@ def build_tiny_model(
 def oracle_corpus(tasks, system_prompt: str, tools) -> list[str]:
     """Rendered oracle conversations of `tasks` (with `tools` in the system turn, as the rollout
     renders them): the tiny tokenizer learns merges for them."""
-    import rollout  # costly (torch): only a build for a training run needs it
     tok = train_tokenizer(default_corpus(), 512)  # only for the chat template
     out = []
     for t in tasks:
         msgs = [{"role": "system", "content": system_prompt}, {"role": "user", "content": t.instruction}]
         for c in oracle_commands(t):
-            msgs.append({"role": "assistant", "content": rollout.tool_call_text("bash", {"command": c})})
+            msgs.append({"role": "assistant", "content": tool_call_text("bash", {"command": c})})
             msgs.append({"role": "tool", "content": "[exit code: 0]"})
-        msgs.append({"role": "assistant", "content": rollout.tool_call_text("submit", {})})
+        msgs.append({"role": "assistant", "content": tool_call_text("submit", {})})
         out.append(tok.apply_chat_template(msgs, tools=tools, tokenize=False))
     return out
 
 
-def build_for_tasks(out_dir, tasks, system_prompt: str, tools, generated_seed: int | None = None, **kwargs) -> Path:
+def build_for_tasks(out_dir, tasks, system_prompt: str, tools, generated_seed: int | None = None,
+                    family: str = "easy", **kwargs) -> Path:
     """build_tiny_model whose tokenizer also learns the oracle conversations of `tasks`, or, with
-    `generated_seed`, of the whole generated family (both splits): every word is then one token
+    `generated_seed`, of the whole generated `family` (both splits): every word is then one token
     wherever it appears (" w", "/w"), as in a real tokenizer; from the train tasks alone " pencil"
     was " pe n c i l"."""
     if generated_seed is not None:
         tasks = [t for split in ("train", "heldout")
-                 for t in generate_easy_tasks(512, seed=generated_seed, split=split)]
+                 for t in generate_tasks(family, 512, seed=generated_seed, split=split)]
     return build_tiny_model(out_dir, corpus=oracle_corpus(tasks, system_prompt, tools), **kwargs)
 
 

@@ -26,6 +26,7 @@ import os
 import queue
 import random
 import shutil
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -39,9 +40,12 @@ from transformers import AutoTokenizer
 
 import algo
 import distributed
+from engines import HFEngine, VLLMEngine
 import env
 import hosts
 import learner
+import memory_plan
+from policy import Policy, sync_check
 import rollout
 import sft
 import tiny
@@ -81,14 +85,37 @@ def rank_share(items: list, rank: int, world: int) -> tuple[list, int]:
 
 def make_engine(cfg: Config, model_path, device: str):
     if cfg.engine.kind == "hf":
-        return rollout.HFEngine(model_path, dtype=learner.compute_dtype(cfg, device), device=device)
+        return HFEngine(model_path, dtype=learner.compute_dtype(cfg, device), device=device)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.engine.cpu_kvcache_gb))
     dtype = str(learner.compute_dtype(cfg, device)).removeprefix("torch.")  # the trainer's, so the sync gap means something
-    return rollout.VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
+    return VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
                               enforce_eager=cfg.engine.enforce_eager, verbose=cfg.verbose,
                               **distributed.engine_launch_kwargs(), **cfg.engine.extra)
+
+
+def engine_topk_rule(kind: str) -> str:
+    """The rule (algo.topk_rule) this process's engine keeps its top-k / top-p support by: vLLM's
+    sampler masks with its Triton kernel wherever vLLM found Triton usable, else with PyTorch;
+    transformers' warpers keep every token tied with the k-th, as vLLM's PyTorch path does."""
+    if kind == "hf":
+        return "ties"
+    from vllm.triton_utils import HAS_TRITON
+    return "exact" if HAS_TRITON else "ties"
+
+
+def check_topk_rule(cfg: Config, rcfg, device: str):
+    """Stop unless the trainer's π_θ has the support the engine samples μ from: with top-k under
+    bf16, where tied logits are common, another rule would bias every π/μ at the edge."""
+    if rcfg.top_k <= 0 and rcfg.top_p >= 1.0:
+        return
+    engine, trainer = engine_topk_rule(cfg.engine.kind), algo.topk_rule(device)
+    if engine != trainer:
+        raise SystemExit(f"the engine ({cfg.engine.kind} on {device}) keeps its top-k/top-p support by the "
+                         f"{engine!r} rule and the trainer by {trainer!r} (algo.topk_rule): their log-probs would "
+                         f"differ at every tie. Use engine.kind vllm on the trainer's device, or rollout.top_k: -1 "
+                         f"and rollout.top_p: 1.0")
 
 
 def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
@@ -113,7 +140,7 @@ def sync_gap(model, policy, batch, cfg: Config, n: int = 2) -> dict:
     if not cfg.train.sync_check:
         return {}
     seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
-    return rollout.sync_check(policy, seqs, lps, masks) if seqs else {}
+    return sync_check(policy, seqs, lps, masks) if seqs else {}
 
 
 def make_env(cfg: Config):
@@ -156,7 +183,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     """Device and ranks, seeds, tasks, the tiny model when asked, the checkpoint to resume, the log,
     tokenizer, model and Docker."""
     device = learner.pick_device(cfg)
-    rank, world = distributed.init_distributed(device)
+    rank, world = distributed.init_distributed(device, cfg.train.collective_timeout_min)
     if world > 1 and (cfg.train.tasks_per_step < world or (cfg.sft.steps and cfg.sft.batch_size < world)):
         raise SystemExit(f"{world} ranks each train on a share of every batch: train.tasks_per_step "
                          f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be >= {world}")
@@ -178,10 +205,20 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     torch.manual_seed(cfg.seed)
     rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)
     train_tasks, eval_tasks = load_task_sets(cfg)
+    if device == "cuda":  # a config that cannot fit stops here, with the key to change, not in an OOM an hour in
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        try:
+            problems = memory_plan.gpu_memory_plan(cfg, world, per_node, None, None, rcfg.max_context,
+                                                   bool(acfg.kl_coef)).problems
+        except SystemExit as e:  # no config.json to plan from: the run goes on unplanned, and says so
+            print(e, file=sys.stderr)
+            problems = []
+        if problems:
+            raise SystemExit("memory plan: " + "; ".join(problems) + " (python train.py --dry-run prints the plan)")
     if cfg.model.build_tiny and rank == 0:
         generated = cfg.data.generated_seed if cfg.data.train_tasks == "generated" else None
         tiny.build_for_tasks(cfg.model.path, train_tasks, rcfg.system_prompt, rcfg.tools, generated,
-                             **{"seed": cfg.seed, **cfg.model.tiny})
+                             cfg.data.generated_family, **{"seed": cfg.seed, **cfg.model.tiny})
     if world > 1:
         torch.distributed.barrier()
     distributed.check_shared_dirs([out] + ([Path(cfg.model.path)] if cfg.model.build_tiny else []), world)
@@ -256,13 +293,14 @@ def rl_optimizer(r: Run, sft_opt):
     return opt, sched
 
 
-def start_policy(r: Run, version: int) -> rollout.Policy:
+def start_policy(r: Run, version: int) -> Policy:
     """The inference engine on the latest weights (the checkpoint's, else model.path's)."""
     full_ckpt = r.ckpt is not None and not r.cfg.model.lora
     engine = make_engine(r.cfg, r.ckpt / "model" if full_ckpt else r.cfg.model.path, r.device)
     if r.cfg.engine.kind == "vllm":
         distributed.check_engine_placement(*engine.placement(), r.device)
-    policy = rollout.Policy(engine, r.tok, version=version, template_kwargs=r.rcfg.chat_template_kwargs,
+    check_topk_rule(r.cfg, r.rcfg, r.device)
+    policy = Policy(engine, r.tok, version=version, template_kwargs=r.rcfg.chat_template_kwargs,
                             tools=r.rcfg.tools)
     if r.ckpt is not None and r.cfg.model.lora:
         policy.load_lora(r.ckpt / "model", version)
@@ -435,6 +473,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
         # 5. sync weights into the engine, 6. check the engine now computes what the trainer does
         t0 = time.time()
+        learner.release_cached_memory(r.device)
         sync_weights(model, policy, cfg, r.out, step + 1)
         t_sync = time.time() - t0
         gap = sync_gap(model, policy, batch, cfg) if train_now else {}
@@ -471,12 +510,23 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     return finish(r, t_start)
 
 
-def dry_run(cfg: Config) -> int:
-    """Check config, tasks, model path, GPU and Docker without training; print what would run."""
+def dry_run(cfg: Config, nproc: int = 1, nnodes: int = 1, gpu_gb: float | None = None,
+            host_gb: float | None = None) -> int:
+    """Check config, tasks, model path, GPU and Docker without training; print what would run and,
+    for a GPU run on `nnodes` x `nproc` ranks, its memory plan (memory_plan.py)."""
     problems = []
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     if cfg.device == "cuda" and not torch.cuda.is_available():
         problems.append("device: cuda but torch sees no GPU")
+    mtext = ""
+    if device == "cuda":
+        try:
+            mplan = memory_plan.gpu_memory_plan(cfg, nproc * nnodes, nproc, gpu_gb, host_gb, rollout_cfg(cfg).max_context,
+                                                bool(algo_cfg(cfg).kl_coef))
+            mtext = mplan.text()
+            problems += [f"memory: {p}" for p in mplan.problems]
+        except SystemExit as e:
+            problems.append(str(e))
     try:
         train, held = load_task_sets(cfg)
         print(f"tasks: {len(train)} train, {len(held)} eval")
@@ -514,6 +564,7 @@ def dry_run(cfg: Config) -> int:
     print(f"device: {device}; engine: {cfg.engine.kind}; {'LoRA' if cfg.model.lora else 'full'} fine-tuning; "
           f"algo: {algo_cfg(cfg).loss}; mode: {cfg.train.mode}; steps: sft {cfg.sft.steps}, rl {cfg.train.steps} "
           f"x {cfg.train.tasks_per_step} tasks x {cfg.train.group_size}; out: {cfg.out_dir}")
+    print(mtext or "memory plan: a CPU run, not planned")
     for p in problems:
         print(f"PROBLEM: {p}")
     print("dry run: OK" if not problems else f"dry run: {len(problems)} problem(s)")
@@ -525,7 +576,14 @@ def main(argv=None):
     ap.add_argument("--config", required=True, help="YAML file (see configs/)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set train.lr=1e-5 (repeatable)")
-    ap.add_argument("--dry-run", action="store_true", help="check config, tasks, model path, docker; do not train")
+    ap.add_argument("--dry-run", action="store_true", help="check config, tasks, model path, docker and the "
+                    "memory plan of a GPU run; do not train")
+    ap.add_argument("--nproc-per-node", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                    help="--dry-run: ranks a node the run will have under torchrun (its own flag)")
+    ap.add_argument("--nnodes", type=int, default=int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get(
+                    "LOCAL_WORLD_SIZE", "1")), help="--dry-run: nodes the run will have under torchrun")
+    ap.add_argument("--gpu-gb", type=float, help="--dry-run: each GPU's memory in GiB (default: the visible GPU's, else 80)")
+    ap.add_argument("--host-gb", type=float, help="--dry-run: each host's RAM in GiB (default: this machine's when it has a GPU)")
     ap.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in <out_dir>/checkpoints")
     ap.add_argument("--restart", action="store_true",
                     help="start over in an out_dir that holds a run: the old one is moved to <out_dir>.<date-time>")
@@ -536,7 +594,7 @@ def main(argv=None):
         except ConfigError as e:
             raise SystemExit(f"config error: {e}")
         if a.dry_run:
-            raise SystemExit(dry_run(cfg))
+            raise SystemExit(dry_run(cfg, a.nproc_per_node, a.nnodes, a.gpu_gb, a.host_gb))
         try:
             run(cfg, resume=a.resume, restart=a.restart)
         except hosts.HostsDown as e:  # every sandbox host silent: the last checkpoint is where --resume starts

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import env as E  # noqa: E402
 import generated_tasks as G  # noqa: E402
+import grading  # noqa: E402
 from second_dockerd import Dockerd  # noqa: E402
 
 
@@ -89,12 +90,13 @@ def bench_hosts(args):
 def bench_hang():
     """Timeline of a rollout whose second host hangs (SIGSTOP: no refusal, no answer) mid-command."""
     import rollout as R  # costly (torch): only this mode needs episodes
+    from policy import ScriptedPolicy
     import tiny
     tok = tiny.train_tokenizer(tiny.default_corpus(), 4096)
     second, t0, marks = Dockerd().start(), time.time(), []
     try:
         with E.Env(hosts=["unix:///var/run/docker.sock,capacity=2,name=main", f"{second.url},capacity=2,name=second"]) as env, \
-                R.ScriptedPolicy(tok, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
+                ScriptedPolicy(tok, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
             sec, out = env._hosts.hosts[1], {}
             cfg = R.RolloutConfig(max_turns=4, num_workers=4, group_size=1, command_timeout_s=5)
             th = threading.Thread(target=lambda: out.update(t=R.collect(G.generate_easy_tasks(4), policy, env, cfg,
@@ -156,7 +158,7 @@ def main():
             env.reset(task).close()
         rows.append(("reset: cold (create + start + attach + setup)", *median_ms(cold, args.resets)))
         # grading: small suites travel inside the one grading exec; big ones take 2 execs + an upload
-        big = dataclasses.replace(task, tests={**task.tests, "data.bin": bytes(E.INLINE_TESTS_MAX)})
+        big = dataclasses.replace(task, tests={**task.tests, "data.bin": bytes(grading.INLINE_TESTS_MAX)})
         for name, t in [("grade: tests inside the grading command (1 exec)", task),
                         ("grade: tests uploaded by put_archive (2 execs)", big)]:
             term = env.reset(t)

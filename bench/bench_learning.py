@@ -52,6 +52,7 @@ def main():
     import config
     import learner
     import rollout
+    from policy import Policy
     import train
 
     cfg = config.load_config(a.config, ["engine.kind=vllm", *a.set])
@@ -61,7 +62,7 @@ def main():
     tasks = train.load_task_sets(cfg)[0][: a.tasks]
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    policy = rollout.Policy(train.make_engine(cfg, a.model, "cpu"), tok,
+    policy = Policy(train.make_engine(cfg, a.model, "cpu"), tok,
                             template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools)
     env = train.make_env(cfg)
     if a.sgd:

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import env as E  # noqa: E402
+from policy import ScriptedPolicy  # noqa: E402
 import rollout as R  # noqa: E402
 import generated_tasks as G  # noqa: E402
 
@@ -32,7 +33,7 @@ def run(threads, episodes, latency, cmd, commands, tok, env):
     tasks = G.generate_easy_tasks(episodes, seed=threads)
     cfg = R.RolloutConfig(max_turns=commands + 2, max_tokens_per_turn=256, max_context=4096,
                           num_workers=threads, group_size=1, check_tokens=False)
-    with R.ScriptedPolicy(tok, "fixed", latency_s=latency, commands=[cmd] * commands) as policy:
+    with ScriptedPolicy(tok, "fixed", latency_s=latency, commands=[cmd] * commands) as policy:
         t0 = time.perf_counter()
         trajs = R.collect(tasks, policy, env, cfg, progress=False)
         wall = time.perf_counter() - t0

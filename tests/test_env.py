@@ -1,4 +1,4 @@
-"""env.py against real Docker: the persistent shell, limits, hidden tests, grading, cleanup, loading."""
+"""The terminal, grading and the Env against real Docker (terminal.py, grading.py, env.py, container.py): the persistent shell, limits, hidden tests, grading, cleanup, loading."""
 import dataclasses
 import json
 import shutil
@@ -10,14 +10,18 @@ import time
 
 import pytest
 
+import container
 import env as E
-import task_folders as T
 import generated_tasks as G
+import grading
+import task_folders as T
+import tasktool
+import terminal
 from conftest import FIXTURE_TASKS, ROOT
 
 
 def _procs(term) -> int:
-    procs = E._container_procs(term._host_pid)
+    procs = container.container_procs(term.host_pid)
     assert procs is not None, "tests run next to a local Docker daemon"
     return len(procs)
 
@@ -61,7 +65,7 @@ def test_output_flood_is_capped(docker_env, easy_tasks):
     with docker_env.reset(easy_tasks[2]) as term:
         r = term.run("yes", timeout=20)
         assert r.timed_out and r.truncated
-        assert "bytes of output omitted" in r.output and len(r.output) < E.OUTPUT_CAP + 500
+        assert "bytes of output omitted" in r.output and len(r.output) < terminal.OUTPUT_CAP + 500
         r = term.run("seq 1 200000")
         assert r.exit_code == 0 and r.truncated
         assert r.output.startswith("1\n2\n") and r.output.endswith("199999\n200000\n")
@@ -113,7 +117,7 @@ def test_tb1_task_hidden_tests_and_grade(docker_env):
         r = term.run("ls -A /tests 2>&1; find / -xdev \\( -name test_outputs.py -o -name 'solution*' "
                      "-o -name run-tests.sh \\) 2>/dev/null; cat /app/seed.txt")
         assert r.output == "ls: cannot access '/tests': No such file or directory\nseed\n", r.output
-        g = term.grade()
+        g = grading.grade(term)
         assert (g.reward, g.passed, g.infra_error) == (0.0, False, None)
         assert g.tests == {"tests/test_outputs.py::test_greeting": "FAILED",
                            "tests/test_outputs.py::test_seed_appended": "FAILED"} or \
@@ -121,7 +125,7 @@ def test_tb1_task_hidden_tests_and_grade(docker_env):
     with docker_env.reset(task) as term:
         for cmd in T.oracle_commands(task):
             assert term.run(cmd).exit_code == 0
-        g = term.grade()
+        g = grading.grade(term)
         assert (g.reward, g.passed, g.infra_error) == (1.0, True, None), g.output
         assert len(g.tests) == 2 and set(g.tests.values()) == {"PASSED"}
 
@@ -131,13 +135,13 @@ def test_tb2_task_partial_reward_from_reward_txt(docker_env):
     assert task.layout == "tb2" and task.memory_mb == 512 and task.test_timeout_s == 30
     with docker_env.reset(task) as term:
         term.run("echo alpha > /app/a.txt")
-        g = term.grade()
+        g = grading.grade(term)
         assert (g.reward, g.passed, g.infra_error) == (0.5, False, None), g
         assert g.tests == {"a": "PASSED", "b": "FAILED"}
     with docker_env.reset(task) as term:
         for cmd in T.oracle_commands(task):
             term.run(cmd)
-        assert term.grade().reward == 1.0
+        assert grading.grade(term).reward == 1.0
 
 
 def test_tests_go_in_on_the_grading_command_or_through_the_docker_api_with_the_same_grade(docker_env):
@@ -146,7 +150,7 @@ def test_tests_go_in_on_the_grading_command_or_through_the_docker_api_with_the_s
     put_archive (docker's `extract-to-dir` event). Same grades every way; a planted /tests is replaced."""
     import os
     task = G.generate_easy_tasks(1, seed=0, kinds=["create"])[0]
-    big = dataclasses.replace(task, tests={**task.tests, "data.bin": os.urandom(E.INLINE_TESTS_MAX)})
+    big = dataclasses.replace(task, tests={**task.tests, "data.bin": os.urandom(grading.INLINE_TESTS_MAX)})
     for t, sabotage, uploads in [(task, "", 0), (big, "", 1), (task, "rm -f /usr/bin/base64", 1),
                                  (task, "rm -f /usr/bin/tar", 1)]:
         for solve, want in [(False, 0.0), (True, 1.0)]:
@@ -156,7 +160,7 @@ def test_tests_go_in_on_the_grading_command_or_through_the_docker_api_with_the_s
                 if solve:
                     term.run(t.solution)
                 term.run(sabotage)
-                g = term.grade()
+                g = grading.grade(term)
                 events = docker_env.client.api.events(since=since, until=int(time.time()) + 1, decode=True,
                                                       filters={"container": term.id})
                 assert (g.reward, g.infra_error) == (want, None), (sabotage, g.output)
@@ -167,15 +171,15 @@ def test_grading_infra_error_is_distinct_from_failure(docker_env, tmp_path):
     broken = shutil.copytree(FIXTURE_TASKS / "tb2-partial", tmp_path / "no-reward")
     (broken / "tests" / "test.sh").write_text("echo 'crashed before writing a reward'; exit 1\n")
     with docker_env.reset(T.load_task(broken)) as term:
-        g = term.grade()
+        g = grading.grade(term)
         assert g.reward is None and g.infra_error and "reward.txt" in g.infra_error
     with docker_env.reset(T.load_task(FIXTURE_TASKS / "tb2-partial")) as term:
         docker_env.client.api.remove_container(term.id, force=True)  # the daemon loses the container
-        g = term.grade()
+        g = grading.grade(term)
         assert g.reward is None and g.infra_error
     bad = dataclasses.replace(T.load_task(FIXTURE_TASKS / "tb1-hello"), name="bad-image",
                               dockerfile=None, image="termrl-no-such-image:latest")
-    with pytest.raises(E.InfraError, match="not available locally"):
+    with pytest.raises(container.InfraError, match="not available locally"):
         docker_env.reset(bad)
 
 
@@ -251,7 +255,7 @@ def test_generated_family_splits_differ_and_are_deterministic():
 
 def test_every_easy_kind_passes_oracle_and_fails_noop(docker_env):
     for task in G.generate_easy_tasks(len(G.EASY_KINDS), seed=3, split="heldout"):
-        row = E.validate_task(docker_env, task, k=1)
+        row = tasktool.validate_task(docker_env, task, k=1)
         assert row["status"] == "ok" and row["noop"] == 0.0 and row["oracle"] == [1.0], row
 
 
@@ -260,7 +264,7 @@ def test_eight_episodes_at_once(docker_env, easy_tasks):
 
     def episode(task):
         try:
-            results[task.name] = E.run_oracle(docker_env, task)
+            results[task.name] = tasktool.run_oracle(docker_env, task)
         except Exception as e:  # surfaced below with its task
             errors.append((task.name, e))
 
@@ -275,7 +279,7 @@ def test_eight_episodes_at_once(docker_env, easy_tasks):
 
 
 def test_killed_parent_leaves_nothing_after_next_start(docker_env, easy_tasks):
-    code = ("import sys, time; sys.path.insert(0, %r); import env as E, tasks as T; e = E.Env();"
+    code = ("import sys, time; sys.path.insert(0, %r); import env as E, generated_tasks as G; e = E.Env();"
             "t = e.reset(G.generate_easy_tasks(1)[0]); print(t.id, flush=True); time.sleep(600)" % str(ROOT))
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -300,8 +304,8 @@ def test_sweep_spares_live_containers_of_another_pid_namespace(docker_env):
     node is a process in a new pid namespace (`unshare`); it creates a container and lives on."""
     if subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode:
         pytest.skip("unshare --pid is not permitted here (needs root or CAP_SYS_ADMIN)")
-    code = ("import sys, time; sys.path.insert(0, %r); import docker, env as E, tasks as T;"  # no Env(): no sweep there
-            "c = docker.from_env().containers.create(T.BASE_IMAGE, 'true', labels=E._owner_labels());"
+    code = ("import sys, time; sys.path.insert(0, %r); import docker, container as C, task_folders as T;"  # no Env(): no sweep there
+            "c = docker.from_env().containers.create(T.BASE_IMAGE, 'true', labels=C.owner_labels());"
             "print(c.id, flush=True); time.sleep(600)" % str(ROOT))
     child = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", code],
                              stdout=subprocess.PIPE, text=True)
@@ -309,18 +313,18 @@ def test_sweep_spares_live_containers_of_another_pid_namespace(docker_env):
     try:
         cid = child.stdout.readline().strip()
         assert cid, "child did not create a container"
-        E.sweep_stale(client)
+        container.sweep_stale(client)
         assert client.api.containers(all=True, filters={"id": cid}), "the sweep removed a live process's container"
     finally:
         child.kill()
         child.wait(30)
         if cid:
-            E._remove(client, cid)
+            container.remove(client, cid)
 
 
 def test_validate_cli_table_and_json(tmp_path):
     out = tmp_path / "v.json"
-    r = subprocess.run([sys.executable, str(ROOT / "env.py"), "validate", str(FIXTURE_TASKS), "--k", "2",
+    r = subprocess.run([sys.executable, str(ROOT / "tasktool.py"), "validate", str(FIXTURE_TASKS), "--k", "2",
                         "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "tb1-hello" in r.stdout and "2/2 tasks ok" in r.stdout
@@ -371,7 +375,7 @@ def test_validate_cli_gives_each_bad_task_its_verdict_and_fails(tmp_path):
     switch = int(time.time()) + FLAKY_MARGIN_S
     _bad_task(tasks, "flaky", solve=_FLAKY_SOLVE.replace("SWITCH", str(switch)))
     out = tmp_path / "v.json"
-    r = subprocess.run([sys.executable, str(ROOT / "env.py"), "validate", str(tasks), "--k", "2", "--jobs", "6",
+    r = subprocess.run([sys.executable, str(ROOT / "tasktool.py"), "validate", str(tasks), "--k", "2", "--jobs", "6",
                         "--json", str(out)], capture_output=True, text=True, timeout=600)
     rows = {row["task"]: row for row in json.loads(out.read_text())["tasks"]}
     status = {name: row["status"] for name, row in rows.items()}
@@ -388,7 +392,7 @@ def test_validate_cli_gives_each_bad_task_its_verdict_and_fails(tmp_path):
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "exception"])
 def test_own_containers_removed_on_signal_or_crash(docker_env, how):
-    code = ("import sys, time; sys.path.insert(0, %r); import env as E, tasks as T; e = E.Env(warm=1);"
+    code = ("import sys, time; sys.path.insert(0, %r); import env as E, generated_tasks as G; e = E.Env(warm=1);"
             "t = e.reset(G.generate_easy_tasks(1)[0]); e.warmup([t.task]); print(t.id, flush=True);"
             "sys.stdin.readline(); raise RuntimeError('crash')" % str(ROOT))
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

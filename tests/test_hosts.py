@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+import container
 import env as E
+import grading
 import hosts as H
+from policy import ScriptedPolicy
 import rollout as R
 import task_folders as T
 
@@ -58,7 +61,7 @@ def test_plain_tcp_is_refused_with_how_to_fix(tmp_path):
     with pytest.raises(ValueError, match="capacity must be a whole number"):
         H.parse_host("ssh://me@box3,capacity=lots")
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "env.py"), "validate", str(root / "tests" / "fixtures"),
+    r = subprocess.run([sys.executable, str(root / "tasktool.py"), "validate", str(root / "tests" / "fixtures"),
                         "--docker-host", "tcp://box2:2375"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "plain TCP is refused" in r.stderr, r.stderr[-500:]
 
@@ -106,7 +109,7 @@ def test_episodes_spread_over_both_hosts_by_capacity(second, easy_tasks):
         assert (main.running, sec.running) == (0, 0)
         with env.reset(dataclasses.replace(easy_tasks[7], host_labels=["big"])) as t:
             assert t.host is sec  # though main is as empty
-        with pytest.raises(E.InfraError, match=r"needs Docker host labels \['gpu'\]; no host in env.hosts has them"):
+        with pytest.raises(container.InfraError, match=r"needs Docker host labels \['gpu'\]; no host in env.hosts has them"):
             env.reset(dataclasses.replace(easy_tasks[7], host_labels=["gpu"]))
         assert not own(main.client, env._token) and not own(sec.client, env._token)
 
@@ -126,7 +129,7 @@ def test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other(second,
     cfg = R.RolloutConfig(max_turns=4, num_workers=6, group_size=1)
     with E.Env(hosts=[f"{MAIN},capacity=3,name=main", f"{second.url},capacity=3,name=second"]) as env, \
             E.Env(hosts=[second.url], hosts_down_wait_s=1.0) as solo, \
-            R.ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
+            ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
         main, sec = env._hosts.hosts
         result = {}
         th = threading.Thread(target=lambda: result.update(trajs=R.collect(tasks, policy, env, cfg, progress=False)))
@@ -180,11 +183,11 @@ def test_remote_host_fallbacks_through_the_docker_api(easy_tasks):
         env._hosts.hosts[0].host_side = False
         term = env.reset(easy_tasks[0])
         with term:
-            assert term.local is False and term._cgroup == {} and term._procs() is None
+            assert term.local is False and term._cgroup == {} and term.procs() is None
             r = term.run("sleep 100", timeout=1)
             assert r.timed_out and term.run("echo still").output == "still\n"
             term.run("(sleep 1000 &) ; cp /bin/true /usr/local/bin/python3")
-            g = term.grade()
+            g = grading.grade(term)
             assert g.reward == 0 and "added /usr/local/bin/python3 (a program the test harness runs)" in g.tampered
             assert term.exec("pgrep -fx 'sleep 1000' || echo gone")[1].strip() == "gone"
         with env.reset(easy_tasks[1]) as term:

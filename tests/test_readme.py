@@ -29,6 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+RESULTS = ROOT / "docs" / "results.md"
 NO_GPU = "torch sees no GPU"
 
 
@@ -85,8 +86,8 @@ def _check_resume(r, clone):
 
 def _check_shell(r, clone):
     """Bug: the shell cut the task instruction at 200 characters, mid-word."""
-    import env
-    instruction = env.load_task(clone / "tasks" / "git-merge-conflict").instruction
+    from task_folders import load_task
+    instruction = load_task(clone / "tasks" / "git-merge-conflict").instruction
     assert len(instruction) > 200
     for line in instruction.strip().splitlines():
         assert line.strip() in r.stderr
@@ -149,16 +150,16 @@ RULES = {
     "python bench/bench_smollm2.py --metrics runs/smollm2-cpu/metrics.jsonl": Rule(
         needs=["python train.py --config configs/smollm2-cpu.yaml"],
         check=lambda r, clone: "generation" in r.stdout and "trainer" not in r.stdout),
-    "python env.py validate tasks/ --k 3 --json validate.json":
+    "python tasktool.py validate tasks/ --k 3 --json validate.json":
         Rule(replace=[("tasks/ ", "tasks/fix-json-config ")], append="--k 1",
              check=lambda r, clone: json.loads((clone / "validate.json").read_text())["tasks"][0]["status"] == "ok"),
-    "python env.py shell tasks/git-merge-conflict": Rule(stdin="pwd\nexit\n", check=_check_shell),
+    "python tasktool.py shell tasks/git-merge-conflict": Rule(stdin="pwd\nexit\n", check=_check_shell),
     # "Running official Terminal-Bench tasks": tests/fixtures (one TB1, one Harbor task) as the checkout
-    f"python env.py validate {TB} --k 3 --flake-runs 30 --load 4 --json validate.json":
+    f"python tasktool.py validate {TB} --k 3 --flake-runs 30 --load 4 --json validate.json":
         Rule(replace=[(TB, "tests/fixtures")], append="--k 1 --flake-runs 2 --load 2",
              check=lambda r, clone: [t["status"] for t in json.loads((clone / "validate.json").read_text())["tasks"]]
              == ["ok", "ok"]),
-    f"python env.py validate {TB} --build-network default --agent-network none --grading-network default":
+    f"python tasktool.py validate {TB} --build-network default --agent-network none --grading-network default":
         Rule(replace=[(TB, "tests/fixtures")], append="--k 1", check=lambda r, clone: "2/2 tasks ok" in r.stdout),
     f"python evaluate.py run --config configs/tiny.yaml --tasks {TB} --k 8 --model runs/tiny --out eval/tb/":
         Rule(replace=[(TB, "tests/fixtures")], append="--k 1", needs=[DEMO],
@@ -190,6 +191,32 @@ def test_every_readme_command_has_a_rule():
 def test_readme_commands_parse_from_the_fenced_blocks():
     text = "x\n```bash\npython a.py --k 3   # note\n\n# a comment line\nmake b\n```\n```python\nnot_me()\n```\n"
     assert readme_commands(text) == ["python a.py --k 3", "make b"]
+
+
+def _anchor(heading: str) -> str:
+    """A markdown heading's link anchor, as GitHub makes it."""
+    return "#" + re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_is_a_guide_whose_figures_point_to_the_results():
+    """The README stays a guide of at most 300 lines; every figure in its "What it achieves" table is
+    the text of a link into docs/results.md, and every link into docs/ names a file (and heading)
+    that exists."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300, f"README.md is {len(text.splitlines())} lines: move detail to docs/"
+    section = text.split("## What it achieves", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")][1:]
+    assert rows, "no rows in the README's What it achieves table"
+    for row in rows:
+        figure = row.strip("|").split("|", 1)[1]
+        assert "](docs/results.md#" in figure, row
+        assert not re.search(r"\d", re.sub(r"\[[^\]]*\]\([^)]*\)", "", figure)), f"a figure outside a link: {row}"
+    for target, anchor in re.findall(r"\]\((docs/[^)#]+)(#[^)]*)?\)", text):
+        doc = ROOT / target
+        assert doc.exists(), f"README links to {target}, which does not exist"
+        if anchor:
+            headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", doc.read_text(), re.M)}
+            assert anchor in headings, f"README links to {target}{anchor}: no such heading ({sorted(headings)})"
 
 
 @pytest.fixture(scope="module")
@@ -276,16 +303,17 @@ def test_bench_learning_says_a_missing_model_path_is_missing(tmp_path):
 
 def _shape(line: str) -> list[str]:
     """A table row's cells with digits masked, runs of equal cells as one (the RL step columns
-    follow the run's eval steps: the short run has other steps than the README's)."""
+    follow the run's eval steps: the short run has other steps than the documented one)."""
     cells = [re.sub(r"[+-]?\d+(\.\d+)?", "N", c.strip()) for c in line.strip("|").split("|")]
     return [c for i, c in enumerate(cells) if i == 0 or c != cells[i - 1]]
 
 
 @pytest.mark.slow
-def test_demo_seeds_prints_the_readme_table(clone):
-    """Bug: bench/demo_seeds.py printed a table with other columns than the README's demo table,
-    so the README's figures did not come from the command beside them. Compared by shape (digits
-    masked): the same columns, header and cell formats, on the short demo run as seed 0."""
+def test_demo_seeds_prints_the_results_table(clone):
+    """Bug: bench/demo_seeds.py printed a table with other columns than the documented demo table,
+    so its figures did not come from the command beside them. Compared with docs/results.md's
+    first demo table by shape (digits masked): the same columns, header and cell formats, on the
+    short demo run as seed 0."""
     _run(DEMO, clone)
     d, env = clone
     shutil.copytree(d / "runs" / "tiny", d / "runs" / "tiny-seed0")
@@ -293,12 +321,12 @@ def test_demo_seeds_prints_the_readme_table(clone):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     printed = [line for line in r.stdout.splitlines() if line.startswith("|")]
-    lines = README.read_text().splitlines()
+    lines = RESULTS.read_text().splitlines()
     i = next(i for i, line in enumerate(lines) if line.startswith("| seed | SFT stopped"))
-    readme = []
+    documented = []
     for line in lines[i:]:
         if not line.startswith("|"):
             break
-        readme.append(line)
-    assert [_shape(x) for x in printed[:3]] == [_shape(x) for x in readme[:3]]  # header, rule, a seed
-    assert _shape(printed[-1]) == _shape(readme[-1])  # the mean (sd) row
+        documented.append(line)
+    assert [_shape(x) for x in printed[:3]] == [_shape(x) for x in documented[:3]]  # header, rule, a seed
+    assert _shape(printed[-1]) == _shape(documented[-1])  # the mean (sd) row

@@ -11,7 +11,9 @@ import uuid
 import pytest
 
 import env as E
+import grading
 import task_folders as T
+import tasktool
 from conftest import FIXTURE_TASKS
 
 
@@ -77,7 +79,7 @@ def test_environment_env_and_tests_in_the_agents_shell(docker_env, tmp_path):
     task = T.load_task(d)
     with docker_env.reset(task) as term:
         assert term.run("echo $GREETING").output == "hi\n"
-        assert term.grade().reward == 1.0
+        assert grading.grade(term).reward == 1.0
     d = _copy("tb1-hello", tmp_path / "tb1-shell")
     (d / "task.yaml").write_text((d / "task.yaml").read_text() + "run_tests_in_same_shell: true\n")
     (d / "run-tests.sh").write_text('echo "LD=${LD_PRELOAD:-unset}"; [ "$AGENT_VAR" = set ]\n')
@@ -86,7 +88,7 @@ def test_environment_env_and_tests_in_the_agents_shell(docker_env, tmp_path):
     for exports, want in [("true", 0.0), ("export AGENT_VAR=set LD_PRELOAD=/x.so", 1.0)]:
         with docker_env.reset(task) as term:
             term.run(exports)
-            g = term.grade()
+            g = grading.grade(term)
             assert (g.reward, g.tampered) == (want, None) and "LD=unset" in g.output, g
 
 
@@ -97,7 +99,7 @@ def test_task_dockerfile_that_fails_to_build_is_a_task_defect(docker_env, tmp_pa
     d = _copy("tb1-hello", tmp_path / "bad-build")
     (d / "Dockerfile").write_text(f"FROM termrl-base:bookworm\nRUN echo step-{uuid.uuid4().hex} && "
                                   "echo the-build-log-tail && exit 3\n")
-    row = E.validate_task(docker_env, d, k=1)
+    row = tasktool.validate_task(docker_env, d, k=1)
     assert row["status"] == "build_fails" and "the-build-log-tail" in row["error"], row
 
 
@@ -106,7 +108,7 @@ def test_validate_reports_a_flake_rate_under_load(docker_env, tmp_path):
     the flake runs report how often it fails under concurrent load."""
     d = _copy("tb1-hello", tmp_path / "coin")
     (d / "run-tests.sh").write_text("python3 -c 'import random, sys; sys.exit(random.random() < 0.5)'\n")
-    row = E.validate_task(docker_env, d, k=0, flake_runs=12, load=4)
+    row = tasktool.validate_task(docker_env, d, k=0, flake_runs=12, load=4)
     assert row["status"] == "flaky" and 0 < row["flake_rate"] < 1, row
 
 
@@ -154,7 +156,7 @@ def test_build_and_grading_reach_the_registry_the_agent_does_not(registry, tmp_p
             with env.reset(task) as term:
                 r = term.run(FETCH, timeout=30)
                 assert r.exit_code != 0 and "pkg-ok" not in r.output, r.output  # task did not opt in
-                g = term.grade()
+                g = grading.grade(term)
                 assert (g.reward, g.infra_error) == (1.0, None), g.output
             with env.reset(dataclasses.replace(task, allow_internet=True)) as term:
                 assert term.run(FETCH, timeout=30).output.strip() == "pkg-ok"  # task and Env opted in
@@ -163,6 +165,6 @@ def test_build_and_grading_reach_the_registry_the_agent_does_not(registry, tmp_p
     with E.Env(build_network=registry, agent_network="none", grading_network="none") as env:
         with env.reset(dataclasses.replace(task, allow_internet=True)) as term:
             assert term.run(FETCH, timeout=30).exit_code != 0  # the Env keeps every agent offline
-            g = term.grade()
+            g = grading.grade(term)
             assert g.reward is None and "could not install itself" in g.infra_error, g
         env.client.images.remove(image, force=True)

@@ -1,4 +1,5 @@
-"""rollout.py against real parts: the vLLM CPU engine on the tiny model, real containers, real files.
+"""rollout.py, and the chat format, engines and policy it plays with (chat.py, engines.py, policy.py),
+against real parts: the vLLM CPU engine on the tiny model, real containers, real files.
 
 What must never regress: tokens decode to the rendered conversation, masks cover exactly the
 model's tokens, engine log-probs equal the trainer's, and a weight sync (full or LoRA) provably
@@ -11,7 +12,10 @@ import time
 import pytest
 import torch
 
+from chat import TOOLS, ChatFormat, format_observation, hermes_messages, parse_tool_call, tool_call_text, tool_message
+from engines import Completion, HFEngine, Sampling
 import env as E
+from policy import Policy, ScriptedPolicy, sync_check
 import rollout as R
 import task_folders as T
 from conftest import ROOT, own_containers
@@ -62,21 +66,21 @@ def assert_token_exact(traj, chat):
 # --- pure parts ----------------------------------------------------------------------------
 
 def test_parse_tool_call_names_what_is_wrong():
-    ok, err = R.parse_tool_call('think\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -l"}}\n</tool_call>')
+    ok, err = parse_tool_call('think\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -l"}}\n</tool_call>')
     assert err is None and ok["arguments"]["command"] == "ls -l"
-    ok, _ = R.parse_tool_call('<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"pwd\\"}"}</tool_call>')
+    ok, _ = parse_tool_call('<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"pwd\\"}"}</tool_call>')
     assert ok["arguments"] == {"command": "pwd"}
-    assert R.parse_tool_call(R.tool_call_text("submit", {}))[0]["name"] == "submit"
+    assert parse_tool_call(tool_call_text("submit", {}))[0]["name"] == "submit"
     for text, words in [("just text", "no <tool_call>"), ("<tool_call>{oops</tool_call>", "not valid JSON"),
-                        (R.tool_call_text("python", {}), "unknown tool 'python'"),
-                        (R.tool_call_text("bash", {"command": " "}), "non-empty"),
+                        (tool_call_text("python", {}), "unknown tool 'python'"),
+                        (tool_call_text("bash", {"command": " "}), "non-empty"),
                         ('<tool_call>[1]</tool_call>', "JSON object")]:
-        call, err = R.parse_tool_call(text)
+        call, err = parse_tool_call(text)
         assert call is None and words in err, (text, err)
 
 
 def test_chat_format_deltas(tiny_tokenizer):
-    chat = R.ChatFormat(tiny_tokenizer)
+    chat = ChatFormat(tiny_tokenizer)
     assert chat.decode(chat.turn_end_ids) == "<|im_end|>\n" and chat.stop_id == tiny_tokenizer.eos_token_id
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
             {"role": "assistant", "content": "a"}]
@@ -85,6 +89,22 @@ def test_chat_format_deltas(tiny_tokenizer):
     full = chat.encode(chat.render(msgs)) + chat.observation_ids(new)
     assert chat.decode(full) == chat.render(msgs + new, add_generation_prompt=True)
     assert chat.decode(chat.expert_ids("ls")).endswith("</tool_call><|im_end|>")
+
+
+def test_tool_message_fields_add_no_tokens(tiny_tokenizer):
+    """The tool message's `result` fields are for readers of the trajectory: the model sees the
+    same tokens as for a message of its text alone, through the template's own tool support and
+    through the Hermes messages written for templates without it."""
+    res = E.CommandResult("slow\n[command timed out after 1s and was killed; the shell is still usable]",
+                          None, True, 1.0, True, shell_restarted=True)
+    msg = tool_message(res, extra_calls=1)
+    assert msg["result"] == {"exit_code": None, "timed_out": True, "shell_restarted": True, "truncated": True}
+    plain = {"role": "tool", "content": msg["content"]}
+    assert msg["content"] == format_observation(res, 1)
+    for tools in (TOOLS, None):
+        chat = ChatFormat(tiny_tokenizer, tools=tools)
+        assert chat.observation_ids([msg]) == chat.observation_ids([plain])
+    assert hermes_messages([msg], TOOLS) == hermes_messages([plain], TOOLS)
 
 
 def test_make_batch_schema_and_staleness(tiny_tokenizer):
@@ -123,22 +143,22 @@ def test_prefill_anchor_leaves_the_policy_at_least_the_submit_chunk():
 # --- engines -------------------------------------------------------------------------------
 
 def test_vllm_logprobs_equal_transformers_at_version_0(vllm_engine, tiny_tokenizer, hf_model):
-    chat = R.ChatFormat(tiny_tokenizer)
+    chat = ChatFormat(tiny_tokenizer)
     prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "List files"}])
-    outs = vllm_engine.generate([prompt, prompt[:40]], R.Sampling(max_tokens=24, seed=0, stop_token_ids=(chat.stop_id,)))
+    outs = vllm_engine.generate([prompt, prompt[:40]], Sampling(max_tokens=24, seed=0, stop_token_ids=(chat.stop_id,)))
     for p, c in zip([prompt, prompt[:40]], outs):
         assert c.token_ids and len(c.logprobs) == len(c.token_ids)
         ref = hf_logprobs(hf_model, p + c.token_ids)[len(p):]
         assert (ref - torch.tensor(c.logprobs)).abs().max() < TOL
-    gap = R.sync_check(vllm_engine, [prompt], [hf_logprobs(hf_model, prompt)])
+    gap = sync_check(vllm_engine, [prompt], [hf_logprobs(hf_model, prompt)])
     assert gap["sync/max_abs_logprob_gap"] < TOL and gap["sync/tokens"] == len(prompt) - 1
 
 
 def test_full_weight_update_lands_and_prefix_cache_is_reset(vllm_engine, tiny_model_dir, tiny_tokenizer, hf_model):
     from transformers import AutoModelForCausalLM
-    chat = R.ChatFormat(tiny_tokenizer)
+    chat = ChatFormat(tiny_tokenizer)
     prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "Make a dir"}])
-    sampling = R.Sampling(max_tokens=16, seed=1, stop_token_ids=(chat.stop_id,))
+    sampling = Sampling(max_tokens=16, seed=1, stop_token_ids=(chat.stop_id,))
     vllm_engine.generate([prompt], sampling)  # the prompt's KV blocks are now in the prefix cache
     new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     torch.manual_seed(0)
@@ -147,21 +167,21 @@ def test_full_weight_update_lands_and_prefix_cache_is_reset(vllm_engine, tiny_mo
             p.add_(torch.randn_like(p) * 0.05)
     old_lp, new_lp = hf_logprobs(hf_model, prompt), hf_logprobs(new, prompt)
     assert (old_lp - new_lp)[1:].abs().max() > 0.1, "the perturbation must be visible"
-    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
-        assert R.sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"] > 0.1  # not synced yet
+    with Policy(vllm_engine, tiny_tokenizer) as policy:
+        assert sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"] > 0.1  # not synced yet
         try:
             policy.sleep()
             policy.update_weights(new.named_parameters())
             assert policy.version == 1 and not vllm_engine.sleeping
-            assert R.sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"] < TOL
-            assert R.sync_check(policy, [prompt], [old_lp])["sync/max_abs_logprob_gap"] > 0.1
+            assert sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"] < TOL
+            assert sync_check(policy, [prompt], [old_lp])["sync/max_abs_logprob_gap"] > 0.1
             # sampled log-probs on the cached prompt follow the new weights too (cache was reset)
             c = policy.generate(prompt, sampling)
             ref = hf_logprobs(new, prompt + c.token_ids)[len(prompt):]
             assert (ref - torch.tensor(c.logprobs)).abs().max() < TOL
         finally:  # the engine is shared by the whole session: put the original weights back
             policy.update_weights(hf_model.named_parameters(), version=0)
-        assert R.sync_check(policy, [prompt], [old_lp])["sync/max_abs_logprob_gap"] < TOL
+        assert sync_check(policy, [prompt], [old_lp])["sync/max_abs_logprob_gap"] < TOL
 
 
 def test_one_stale_layer_exceeds_the_sync_tolerance(vllm_engine, tiny_model_dir, tiny_tokenizer, hf_model):
@@ -169,7 +189,7 @@ def test_one_stale_layer_exceeds_the_sync_tolerance(vllm_engine, tiny_model_dir,
     (AdamW's first step moves every weight by ~lr = 1e-5), while a complete sync stays inside it.
     Catches a TOL loose enough to pass such a half-landed sync: the old 1e-3 did (gap ~5e-4)."""
     from transformers import AutoModelForCausalLM
-    chat = R.ChatFormat(tiny_tokenizer)
+    chat = ChatFormat(tiny_tokenizer)
     prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "Copy a to b"}])
     new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     torch.manual_seed(0)
@@ -178,12 +198,12 @@ def test_one_stale_layer_exceeds_the_sync_tolerance(vllm_engine, tiny_model_dir,
             p.add_(torch.randn_like(p).sign() * 1e-5)
     new_lp = hf_logprobs(new, prompt)
     last = f"model.layers.{new.config.num_hidden_layers - 1}."
-    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+    with Policy(vllm_engine, tiny_tokenizer) as policy:
         try:
             policy.update_weights(((n, p) for n, p in new.named_parameters() if not n.startswith(last)), 1)
-            stale = R.sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"]
+            stale = sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"]
             policy.update_weights(new.named_parameters(), 2)
-            synced = R.sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"]
+            synced = sync_check(policy, [prompt], [new_lp])["sync/max_abs_logprob_gap"]
         finally:  # the engine is shared by the whole session: put the original weights back
             policy.update_weights(hf_model.named_parameters(), version=0)
     print(f"sync gap: complete {synced:.2e}, {last}* stale {stale:.2e}, TOL {TOL:g}")
@@ -192,14 +212,14 @@ def test_one_stale_layer_exceeds_the_sync_tolerance(vllm_engine, tiny_model_dir,
 
 def test_lora_hot_swap_lands(vllm_engine, tiny_tokenizer, hf_model, tmp_path):
     from peft import LoraConfig, get_peft_model
-    chat = R.ChatFormat(tiny_tokenizer)
+    chat = ChatFormat(tiny_tokenizer)
     seq = chat.prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "Count lines in a.txt"}])
     base_lp = hf_logprobs(hf_model, seq)
     peft = get_peft_model(hf_model, LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
                                                target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
                                                                "gate_proj", "up_proj", "down_proj"]))
     try:
-        with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+        with Policy(vllm_engine, tiny_tokenizer) as policy:
             prev = base_lp
             for version in (1, 2):
                 torch.manual_seed(version)
@@ -210,20 +230,20 @@ def test_lora_hot_swap_lands(vllm_engine, tiny_tokenizer, hf_model, tmp_path):
                 peft.save_pretrained(tmp_path / f"v{version}")
                 lp = hf_logprobs(peft, seq)
                 policy.load_lora(tmp_path / f"v{version}", version)
-                assert R.sync_check(policy, [seq], [lp])["sync/max_abs_logprob_gap"] < TOL
-                assert R.sync_check(policy, [seq], [prev])["sync/max_abs_logprob_gap"] > 0.1
+                assert sync_check(policy, [seq], [lp])["sync/max_abs_logprob_gap"] < TOL
+                assert sync_check(policy, [seq], [prev])["sync/max_abs_logprob_gap"] > 0.1
                 prev = lp
             policy.load_lora(None, 3)
-            assert R.sync_check(policy, [seq], [base_lp])["sync/max_abs_logprob_gap"] < TOL
+            assert sync_check(policy, [seq], [base_lp])["sync/max_abs_logprob_gap"] < TOL
     finally:
         peft.unload()  # hf_model is module-shared: remove the LoRA layers again
 
 
 def test_hf_engine_generates_scores_and_updates(tiny_model_dir, tiny_tokenizer, hf_model):
-    eng = R.HFEngine(tiny_model_dir)
-    chat = R.ChatFormat(tiny_tokenizer)
+    eng = HFEngine(tiny_model_dir)
+    chat = ChatFormat(tiny_tokenizer)
     prompt = chat.prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}])
-    outs = eng.generate([prompt, prompt[:30]], R.Sampling(max_tokens=12, seed=0, stop_token_ids=(chat.stop_id,)))
+    outs = eng.generate([prompt, prompt[:30]], Sampling(max_tokens=12, seed=0, stop_token_ids=(chat.stop_id,)))
     for p, c in zip([prompt, prompt[:30]], outs):
         assert 0 < len(c.token_ids) <= 12 and c.finish_reason in ("stop", "length")
         ref = hf_logprobs(hf_model, p + c.token_ids)[len(p):]
@@ -236,9 +256,9 @@ def test_hf_engine_generates_scores_and_updates(tiny_model_dir, tiny_tokenizer, 
         for p in new.parameters():
             p.mul_(1.5)
     eng.update_weights(new.named_parameters())
-    assert R.sync_check(eng, [prompt], [hf_logprobs(new, prompt)])["sync/max_abs_logprob_gap"] < TOL
-    assert R.sync_check(eng, [prompt], [hf_logprobs(hf_model, prompt)])["sync/max_abs_logprob_gap"] > 0.1
-    c = eng.generate([prompt], R.Sampling(max_tokens=12, seed=1, stop_token_ids=(chat.stop_id,)))[0]
+    assert sync_check(eng, [prompt], [hf_logprobs(new, prompt)])["sync/max_abs_logprob_gap"] < TOL
+    assert sync_check(eng, [prompt], [hf_logprobs(hf_model, prompt)])["sync/max_abs_logprob_gap"] > 0.1
+    c = eng.generate([prompt], Sampling(max_tokens=12, seed=1, stop_token_ids=(chat.stop_id,)))[0]
     ref = hf_logprobs(new, prompt + c.token_ids)[len(prompt):]
     assert (ref - torch.tensor(c.logprobs)).abs().max() < TOL
 
@@ -247,7 +267,7 @@ def test_hf_engine_generates_scores_and_updates(tiny_model_dir, tiny_tokenizer, 
 
 def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, docker_env, easy_tasks, tmp_path):
     cfg = R.RolloutConfig(max_turns=3, max_tokens_per_turn=24, max_context=2048, num_workers=2, group_size=2)
-    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+    with Policy(vllm_engine, tiny_tokenizer) as policy:
         trajs = R.collect(easy_tasks[:1], policy, docker_env, cfg, progress=False)
         # sampled turns after expert-prefilled ones, in one trajectory
         shipped = T.load_task(ROOT / "tasks" / SHIPPED[0])
@@ -269,7 +289,7 @@ def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, do
 def test_oracle_solves_shipped_and_generated_tasks(tiny_tokenizer, docker_env, easy_tasks):
     tasks = [T.load_task(ROOT / "tasks" / n) for n in SHIPPED] + easy_tasks[:3]
     cfg = R.RolloutConfig(max_turns=20, max_tokens_per_turn=2048, max_context=4096, num_workers=4, group_size=1)
-    with R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
+    with ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
         trajs = R.collect(tasks, policy, docker_env, cfg, progress=False)
         # expert-prefilled start: the first k oracle turns are executed and marked for imitation
         two_step = next(t for t in tasks if len(T.oracle_commands(t)) >= 2)
@@ -285,7 +305,7 @@ def test_oracle_solves_shipped_and_generated_tasks(tiny_tokenizer, docker_env, e
 
 def test_garbage_policy_is_handled(tiny_tokenizer, docker_env, easy_tasks):
     cfg = R.RolloutConfig(max_turns=8, max_tokens_per_turn=64, max_context=4096, max_invalid_turns=3, num_workers=2)
-    with R.ScriptedPolicy(tiny_tokenizer, "garbage", seed=1) as policy:
+    with ScriptedPolicy(tiny_tokenizer, "garbage", seed=1) as policy:
         trajs = R.collect(easy_tasks[:2], policy, docker_env, cfg, group_size=1, progress=False)
     for t in trajs:
         assert t.valid and t.finish_reason == "invalid_tool_calls" and t.reward == 0.0
@@ -301,7 +321,7 @@ def test_prompt_without_tool_schemas(tiny_tokenizer, docker_env, easy_tasks):
     # tools_in_prompt: false drops the template's <tools> block; tool calls still parse and run
     cfg = R.RolloutConfig(max_turns=8, max_tokens_per_turn=256, max_context=4096, num_workers=2,
                           tools_in_prompt=False)
-    with R.ScriptedPolicy(tiny_tokenizer, "oracle", tools=cfg.tools) as bare, R.ScriptedPolicy(tiny_tokenizer, "oracle") as full:
+    with ScriptedPolicy(tiny_tokenizer, "oracle", tools=cfg.tools) as bare, ScriptedPolicy(tiny_tokenizer, "oracle") as full:
         short = R.collect(easy_tasks[:2], bare, docker_env, cfg, group_size=1, progress=False)
         long = R.collect(easy_tasks[:2], full, docker_env, dataclasses.replace(cfg, tools_in_prompt=True),
                          group_size=1, progress=False)
@@ -322,7 +342,7 @@ def test_prompt_without_tool_schemas(tiny_tokenizer, docker_env, easy_tasks):
 ])
 def test_limits_end_episodes_with_their_reason(tiny_tokenizer, docker_env, easy_tasks, mode, commands, overrides, reason):
     cfg = R.RolloutConfig(**{**dict(max_turns=20, max_tokens_per_turn=256, max_context=4096), **overrides})
-    with R.ScriptedPolicy(tiny_tokenizer, mode, commands=commands or ["echo"]) as policy:
+    with ScriptedPolicy(tiny_tokenizer, mode, commands=commands or ["echo"]) as policy:
         t = R.run_episode(easy_tasks[4], policy, docker_env, cfg)
     assert t.finish_reason == reason and t.valid and t.reward == 0.0, (t.finish_reason, t.messages[-1])
     assert len(t.token_ids) <= cfg.max_context
@@ -333,7 +353,7 @@ def test_eight_concurrent_episodes_with_one_env_failure(tiny_tokenizer, docker_e
     broken = dataclasses.replace(easy_tasks[5], name="broken-setup", setup="echo cannot set up >&2; exit 3")
     tasks = easy_tasks[:7] + [broken]
     cfg = R.RolloutConfig(max_turns=5, num_workers=8, group_size=1, group_redundancy=1)
-    with R.ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 0.5; echo ok"]) as policy:
+    with ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 0.5; echo ok"]) as policy:
         trajs = R.collect(tasks, policy, docker_env, cfg, progress=False)
     assert len(trajs) == 8 and sorted(t.group_id for t in trajs) == list(range(8))
     bad = [t for t in trajs if t.task_name == "broken-setup"]
@@ -362,7 +382,7 @@ def test_collect_leaves_no_container_behind(tiny_tokenizer, easy_tasks):
     tasks = [dataclasses.replace(t, memory_mb=mem) for t in easy_tasks[10:12]]
     tasks.append(dataclasses.replace(tasks[0], name="broken-setup", setup="exit 3"))
     cfg = R.RolloutConfig(max_turns=4, num_workers=6, group_size=2, group_redundancy=1)
-    with E.Env(warm=0) as env, R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
+    with E.Env(warm=0) as env, ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
         trajs = R.collect(tasks, policy, env, cfg, progress=False)
         assert sorted(t.finish_reason for t in trajs) == ["env_error"] * 2 + ["submitted"] * 4
         assert own_containers(env.client, mem) == []
@@ -375,7 +395,7 @@ def test_each_anchor_is_its_own_group_and_the_expert_is_refreshed(tiny_tokenizer
     tasks = easy_tasks[:4]
     cfg = R.RolloutConfig(max_turns=4, max_tokens_per_turn=256, max_context=4096, num_workers=4,
                           prefill_prob=0.5, seed=3)
-    with R.ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
+    with ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
         trajs = R.collect(tasks, policy, docker_env, cfg, group_size=3, progress=False)
     anchors = {}
     for t in trajs:
@@ -388,14 +408,14 @@ def test_each_anchor_is_its_own_group_and_the_expert_is_refreshed(tiny_tokenizer
     refresh = dataclasses.replace(cfg, prefill_prob=0.0, refresh_expert=True)
     for task in tasks[:2]:
         own = ["cd /app", *T.oracle_commands(task)]
-        with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=own) as policy:
+        with ScriptedPolicy(tiny_tokenizer, "fixed", commands=own) as policy:
             R.collect([task], policy, docker_env, refresh, group_size=1, progress=False, experts=experts)
         assert experts[task.name] == own
-    with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=["false"]) as policy:   # failures change nothing
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=["false"]) as policy:   # failures change nothing
         R.collect(tasks[:1], policy, docker_env, refresh, group_size=1, progress=False, experts=experts)
     assert experts[tasks[0].name][0] == "cd /app" and tasks[2].name not in experts
     # a prefilled episode now replays the policy's own success, not the oracle
-    with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=["cd /app", "true"]) as policy:
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=["cd /app", "true"]) as policy:
         pre = R.collect(tasks[:1], policy, docker_env, dataclasses.replace(cfg, prefill_prob=1.0),
                         group_size=1, progress=False, experts=experts)[0]
     assert pre.prefill_k >= 1 and pre.messages[2]["tool_call"]["arguments"]["command"] == "cd /app"
@@ -432,8 +452,8 @@ def test_seeded_requests_with_prompts_over_one_steps_token_budget_complete(vllm_
     the README's eval command on the shipped tasks died that way. Eight seeded 700-token prompts
     (5,600 tokens) must all complete, reproducibly."""
     prompts = [[5 + (i + j) % 300 for j in range(700)] for i in range(8)]
-    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
-        runs = [_generate_all(policy, prompts, R.Sampling(max_tokens=4, seed=7)) for _ in range(2)]
+    with Policy(vllm_engine, tiny_tokenizer) as policy:
+        runs = [_generate_all(policy, prompts, Sampling(max_tokens=4, seed=7)) for _ in range(2)]
     for run in runs:
         bad = {i: c for i, c in run.items() if isinstance(c, Exception)}
         assert not bad, bad
@@ -458,12 +478,12 @@ def test_an_engine_step_failure_fails_the_waiting_episodes_and_the_loop_goes_on(
         return outs
     monkeypatch.setattr(vllm_engine.engine, "step", step_that_fails_once)
     cfg = R.RolloutConfig(max_turns=3, max_tokens_per_turn=48, max_context=2048, num_workers=4, group_size=2)
-    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+    with Policy(vllm_engine, tiny_tokenizer) as policy:
         with pytest.raises(RuntimeError, match="injected engine failure"):
             R.collect(easy_tasks[:2], policy, docker_env, cfg, progress=False)
         assert not vllm_engine.has_work(), "the failed requests were left running in the engine"
-        after = _generate_all(policy, [[5, 6, 7, 8]] * 3, R.Sampling(max_tokens=4, seed=1))
-    assert all(isinstance(c, R.Completion) for c in after.values()), after
+        after = _generate_all(policy, [[5, 6, 7, 8]] * 3, Sampling(max_tokens=4, seed=1))
+    assert all(isinstance(c, Completion) for c in after.values()), after
 
 
 def test_a_dead_generation_loop_fails_every_request(vllm_engine, tiny_tokenizer, monkeypatch):
@@ -473,9 +493,9 @@ def test_a_dead_generation_loop_fails_every_request(vllm_engine, tiny_tokenizer,
     every later request with its error, and abort what it left in the engine."""
     monkeypatch.setattr(vllm_engine.engine, "has_unfinished_requests",
                         lambda: (_ for _ in ()).throw(SystemExit("injected loop failure")))
-    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
-        first = _generate_all(policy, [[5, 6, 7]] * 3, R.Sampling(max_tokens=4), timeout=30)
-        later = _generate_all(policy, [[5, 6, 7]], R.Sampling(max_tokens=4), timeout=30)
+    with Policy(vllm_engine, tiny_tokenizer) as policy:
+        first = _generate_all(policy, [[5, 6, 7]] * 3, Sampling(max_tokens=4), timeout=30)
+        later = _generate_all(policy, [[5, 6, 7]], Sampling(max_tokens=4), timeout=30)
         monkeypatch.undo()
         assert not vllm_engine.has_work(), "the dead loop's requests were left in the engine"
     for c in list(first.values()) + list(later.values()):

@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from chat import ChatFormat, EXAMPLE_CALL, TOOLS, parse_tool_call, tool_call_text
 import rollout as R
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,15 +85,15 @@ def test_template_without_tools_gets_the_tool_block(smollm2_tok, tiny_tokenizer)
     """Catches a prompt that never tells a tool-less template's model what the tools are or how to
     call them (SmolLM2's template drops `tools=`), and a tool block added where the template has
     its own."""
-    chat = R.ChatFormat(smollm2_tok)
-    assert chat.inline_tools and not R.ChatFormat(tiny_tokenizer).inline_tools
-    assert not R.ChatFormat(smollm2_tok, tools=None).inline_tools
+    chat = ChatFormat(smollm2_tok)
+    assert chat.inline_tools and not ChatFormat(tiny_tokenizer).inline_tools
+    assert not ChatFormat(smollm2_tok, tools=None).inline_tools
     prompt = chat.render([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "hi"}],
                          add_generation_prompt=True)
     assert prompt.count("<tools>\n") == 1 and prompt.count("<|im_start|>system") == 1
-    for tool in R.TOOLS:
+    for tool in TOOLS:
         assert json.dumps(tool) in prompt
-    assert R.EXAMPLE_CALL.split("\n")[0] in prompt and prompt.endswith("<|im_start|>assistant\n")
+    assert EXAMPLE_CALL.split("\n")[0] in prompt and prompt.endswith("<|im_start|>assistant\n")
     # without a system message of ours, the block becomes the system message (not SmolLM's default)
     bare = chat.render([{"role": "user", "content": "hi"}])
     assert bare.startswith("<|im_start|>system\n# Tools") and "SmolLM" not in bare
@@ -101,10 +102,10 @@ def test_template_without_tools_gets_the_tool_block(smollm2_tok, tiny_tokenizer)
 def test_tool_results_are_exact_token_deltas(smollm2_tok):
     """Catches observation deltas that drift from the rendered conversation when tool messages are
     rewritten as <tool_response> user turns (the stream must stay append-only and token-exact)."""
-    chat = R.ChatFormat(smollm2_tok)
+    chat = ChatFormat(smollm2_tok)
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "make a.txt"}]
     ids = chat.prompt_ids(msgs)
-    reply = R.tool_call_text("bash", {"command": "touch a.txt && ls"})
+    reply = tool_call_text("bash", {"command": "touch a.txt && ls"})
     ids += chat.encode(reply) + chat.turn_end_ids
     msgs.append({"role": "assistant", "content": reply})
     obs = [{"role": "tool", "content": "a.txt\n[exit code: 0]"}]
@@ -133,7 +134,7 @@ def test_real_episode_through_vllm_cpu(smollm2_dir, smollm2_tok, tmp_path):
     replies = [m for m in traj["messages"] if m["role"] == "assistant"]
     assert replies and traj["messages"][0]["content"] == R.SYSTEM_PROMPT
     for m in replies:
-        call, err = R.parse_tool_call(m["content"])
+        call, err = parse_tool_call(m["content"])
         assert (call is not None) == ("tool_call" in m)
     # a reply cut at the token limit ends the episode before it is judged
     judged = replies[:-1] if traj["finish_reason"] in ("turn_token_limit", "context_overflow") else replies

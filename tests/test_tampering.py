@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import container
+import grading
 import task_folders as T
 
 # The test scripts source a file the image ships (as TB1's uv setup sources ~/.local/bin/env).
@@ -96,7 +98,7 @@ def play(env, task, command: str | None):
             term.run(c, timeout=30)
         time.sleep(0.2)  # a daemon the command started is now running
         t0 = time.monotonic()
-        g = term.grade()
+        g = grading.grade(term)
         return g, time.monotonic() - t0
 
 
@@ -150,14 +152,13 @@ def test_multi_key_reward_json_keeps_every_key(docker_env, fixture_tasks, tmp_pa
 def test_kill_from_inside_leaves_only_init_and_its_sleep(docker_env, fixture_tasks):
     """The fallback for a Docker daemon on another machine (no host pids to signal): the in-container
     sweep must kill the agent's shell and its daemons, but not the process that keeps the container up."""
-    import env as E
     with docker_env.reset(fixture_tasks["tb1"]) as term:
         term.run(TRICKS["daemon rewrites the tests and the reward"])
         term.run("sleep 1000 & disown")
-        assert len(E._container_procs(term._host_pid)) > 4
-        term.exec(E._KILL_INSIDE, 30, workdir="/")
+        assert len(container.container_procs(term.host_pid)) > 4
+        term.exec(container.KILL_INSIDE, 30, workdir="/")
         for _ in range(100):
-            left = [h for h in E._container_procs(term._host_pid) if not E._zombie(h)]
+            left = [h for h in container.container_procs(term.host_pid) if not container.zombie(h)]
             if len(left) == 2:
                 break
             time.sleep(0.05)
@@ -170,7 +171,8 @@ def test_agent_that_stops_its_container_is_graded_zero_not_masked(docker_env, fi
     error, which training masks out: an escape from a negative reward. It is the agent's failure,
     counted in the rollout metrics."""
     import rollout as R
-    with R.ScriptedPolicy(tiny_tokenizer, "fixed", commands=("pkill -9 -x sleep",)) as policy:
+    from policy import ScriptedPolicy
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=("pkill -9 -x sleep",)) as policy:
         traj = R.run_episode(fixture_tasks["tb1"], policy, docker_env, R.RolloutConfig(max_turns=3))
     assert traj.valid and traj.reward == 0.0, (traj.finish_reason, traj.error)
     assert "container" in traj.grade["tampered"], (traj.finish_reason, traj.grade)
@@ -181,16 +183,15 @@ def test_toolchain_rules_leave_ordinary_work_alone():
     """False positives cost honest episodes their reward: installing a tool, writing project files,
     running Python (new .pyc files) and pip-installing a library are not tampering; a path the task
     lists in verifier_changes_ok is not either."""
-    import env as E
     task = T.Task(name="t", instruction="i", layout="tb1", tests={"run-tests.sh": TB1_RUN_TESTS.encode()},
                   verifier_changes_ok=["/usr/local/bin/special-*"])
     ordinary = [("/usr/bin/jq", "A"), ("/app/pytest_helpers.py", "A"), ("/app/src/main.py", "C"),
                 ("/usr/lib/python3.11/__pycache__/json.cpython-311.pyc", "A"), ("/usr/local/bin/special-tool", "A"),
                 (f"{SITE}/requests/__init__.py", "A"), ("/tmp/pytest-of-root/x", "A"), ("/etc/hosts.allow", "C")]
-    assert E.toolchain_changes(ordinary, task) == []
+    assert grading.toolchain_changes(ordinary, task) == []
     flagged = [("/usr/bin/cd", "A"), ("/root/.testenv", "C"), (f"{SITE}/pluggy/__init__.py", "A"),
                ("/etc/pip.conf", "A"), ("/usr/lib/x86_64-linux-gnu/libc.so.6", "C"), ("/setup.cfg", "A")]
-    assert len(E.toolchain_changes(flagged, task)) == len(flagged)
+    assert len(grading.toolchain_changes(flagged, task)) == len(flagged)
 
 
 def test_behaviour_report_counts_tampered_episodes():

@@ -1,6 +1,6 @@
 """The shipped task suite (tasks/): every task loads, is well formed, and the suite is balanced.
 
-The full curation run (build, oracle passes k times, no-op fails) is `python env.py validate tasks/`;
+The full curation run (build, oracle passes k times, no-op fails) is `python tasktool.py validate tasks/`;
 here a slow test runs it for real on one task of each layout.
 """
 import ast
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import env as E
 import task_folders as T
+import tasktool
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 TASK_DIRS = T.task_dirs(TASKS)
@@ -63,6 +63,6 @@ def test_task_well_formed(d):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["organize-files-by-extension", "json-user-report"])
 def test_shipped_task_validates_for_real(docker_env, name):
-    row = E.validate_task(docker_env, TASKS / name, k=1)
+    row = tasktool.validate_task(docker_env, TASKS / name, k=1)
     assert row["status"] == "ok", row
     assert row["noop"] == 0.0 and row["oracle"] == [1.0]

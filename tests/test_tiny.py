@@ -85,7 +85,7 @@ def test_chat_template_renders_qwen_tool_format(tok):
 
 
 def test_rendering_is_prefix_stable(tok):
-    """rollout.py takes observation deltas: messages[:n] must render (and tokenize) as a prefix of messages[:n+1]."""
+    """chat.ChatFormat takes observation deltas: messages[:n] must render (and tokenize) as a prefix of messages[:n+1]."""
     for n in range(1, len(CONVERSATION)):
         short, long = render(tok, CONVERSATION[:n]), render(tok, CONVERSATION[:n + 1])
         assert long.startswith(short), n

@@ -362,6 +362,7 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
     each unseen oracle trajectory exactly (checked against a plain forward); with
     sft.stop_at_val_prob set between two validations, SFT ends at the first one that reaches it."""
     import rollout
+    from policy import ScriptedPolicy
     from generated_tasks import generate_easy_tasks
     from transformers import AutoTokenizer
     tasks = generate_easy_tasks(7, seed=3, kinds=["copy"])
@@ -385,7 +386,7 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
     assert [r["step"] for r in recs] == list(range(6))
     probs = [r.get("val_oracle_prob") for r in recs]
     assert [p is not None for p in probs] == [False, True] * 3
-    with rollout.ScriptedPolicy(tok, "oracle", tools=rcfg.tools) as oracle:  # rendered as SFT renders them
+    with ScriptedPolicy(tok, "oracle", tools=rcfg.tools) as oracle:  # rendered as SFT renders them
         val = rollout.collect(tasks[4:], oracle, docker_env, dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
                               group_size=1, progress=False)
     batch = rollout.make_batch(val, tok.pad_token_id)
@@ -550,9 +551,11 @@ def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vll
     train.py's score-based sync check is off for LoRA on vLLM CPU; this is the proof that the adapter
     lands. Catches a sync whose adapter never reaches the engine (an adapter id vLLM has cached,
     verl#7495; saving the untrained adapter or the base weights)."""
-    import rollout as R
+    from chat import ChatFormat
+    from engines import Sampling
+    from policy import Policy
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}", "model.lora=true"])
-    stop = R.ChatFormat(tiny_tokenizer).stop_id
+    stop = ChatFormat(tiny_tokenizer).stop_id
     prompt = tiny_tokenizer.encode("<|im_start|>user\nSay the word<|im_end|>\n<|im_start|>assistant\n")
     ids = torch.tensor([prompt + tiny_tokenizer.encode("banana", add_special_tokens=False) + [stop]])
     loss = torch.zeros(ids.shape)
@@ -578,13 +581,13 @@ def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vll
         base = trainer_greedy()
     tuned = trainer_greedy()
     assert tuned != base, "the updates must change the greedy reply for this test to mean anything"
-    greedy = R.Sampling(temperature=0.0, max_tokens=12, stop_token_ids=(stop,))
-    with R.Policy(vllm_engine, tiny_tokenizer) as policy:
+    greedy = Sampling(temperature=0.0, max_tokens=12, stop_token_ids=(stop,))
+    with Policy(vllm_engine, tiny_tokenizer) as policy:
         try:
             assert policy.generate(prompt, greedy).token_ids == base
             train.sync_weights(model, policy, cfg, tmp_path, 1)
             assert policy.version == 1 and policy.generate(prompt, greedy).token_ids == tuned
-            c = policy.generate(prompt, R.Sampling(temperature=1.0, max_tokens=12, seed=3, stop_token_ids=(stop,)))
+            c = policy.generate(prompt, Sampling(temperature=1.0, max_tokens=12, seed=3, stop_token_ids=(stop,)))
         finally:  # the engine is shared by the whole session: back to the base model
             policy.load_lora(None, 0)
     seq = torch.tensor([prompt + c.token_ids])

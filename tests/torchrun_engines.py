@@ -19,14 +19,15 @@ import torch  # noqa: E402
 import algo  # noqa: E402
 import config  # noqa: E402
 import distributed  # noqa: E402
-import rollout  # noqa: E402
+from engines import Sampling  # noqa: E402
+from policy import sync_check  # noqa: E402
 import train  # noqa: E402
 
 
 def main(model_path: str, out: str):
-    rank, world = distributed.init_distributed("cpu")
     cfg = config.load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml",
                              [f"model.path={model_path}", "model.build_tiny=false", "engine.max_model_len=256"])
+    rank, world = distributed.init_distributed("cpu", cfg.train.collective_timeout_min)
     engine = train.make_engine(cfg, model_path, "cpu")
     placement = engine.placement()
     distributed.check_engine_placement(*placement, "cpu")
@@ -38,13 +39,13 @@ def main(model_path: str, out: str):
             p.mul_(1 + 0.2 * torch.randn_like(p))
     engine.update_weights(model.named_parameters())
     prompt = list(range(5, 25))
-    comp = engine.generate([prompt], rollout.Sampling(temperature=1.0, max_tokens=12, seed=7))[0]
+    comp = engine.generate([prompt], Sampling(temperature=1.0, max_tokens=12, seed=7))[0]
     seq = prompt + comp.token_ids
     with torch.no_grad():
         lp, _ = algo.token_logprobs(model(input_ids=torch.tensor([seq])).logits, torch.tensor([seq]))
     everyone = distributed.gather((seq, lp[0].tolist()), world)  # every rank's sequence + trainer log-probs
     # the engine against each rank's trainer: its own must match, the other's (other weights) must not
-    gaps = [rollout.sync_check(engine, [s], [torch.tensor(t)])["sync/max_abs_logprob_gap"] for s, t in everyone]
+    gaps = [sync_check(engine, [s], [torch.tensor(t)])["sync/max_abs_logprob_gap"] for s, t in everyone]
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / f"rank{rank}.json").write_text(json.dumps({
         "rank": rank, "placement": list(placement), "tokens": comp.token_ids, "gaps": gaps}))

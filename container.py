@@ -1,0 +1,478 @@
+"""container.py — Docker calls below the terminal: every container we start labelled and removed on any exit,
+`docker exec` with a deadline kept from the host, and host-side inspection of a container (/proc, cgroups, overlay).
+
+Knows no task and no shell session (terminal.py); the errors every layer above raises live here.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import select
+import signal
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+
+LABEL = "termrl"  # every container and image we create carries this label
+# A root shell working on its own files needs these; everything else (mount, ptrace, raw net...) stays dropped.
+CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID", "NET_BIND_SERVICE"]
+FLOOD_LIMIT = 32 << 20      # a command that streams more than this is killed like a timed-out one
+
+
+class InfraError(RuntimeError):
+    """Docker daemon / image build / container start / test harness failure (not the agent's fault)."""
+
+
+class BuildError(InfraError):
+    """The task's own Dockerfile failed to build: a defect of the task (validate says so), no episode runs."""
+
+
+class HostDown(InfraError):
+    """The episode's Docker host stopped answering and was drained: neither the agent's fault nor the
+    task's, so rollout.collect runs the episode again elsewhere (tests/test_hosts.py)."""
+
+
+# --- Container bookkeeping: labels, the registry of live containers, cleanup on every kind of exit ---
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name, which may hold spaces and parentheses
+    (so the split is at its last ")"): [0] the state, [1] the parent pid, [19] the start time
+    (proc(5) fields 3, 4 and 22). OSError when the process is gone. KILL_INSIDE's `_ppid` parses the same way."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _proc_start(pid: int) -> str:
+    """Start time of a process (so a recycled pid is not mistaken for its dead owner)."""
+    try:
+        return proc_stat(pid)[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "unknown"
+
+
+def owner_labels() -> dict:
+    return {LABEL: "1", f"{LABEL}.pid": str(os.getpid()), f"{LABEL}.pidstart": _proc_start(os.getpid()),
+            f"{LABEL}.host": socket.gethostname(), f"{LABEL}.boot": _boot_id(), f"{LABEL}.pidns": _pid_namespace()}
+
+
+def _is_stale(labels: dict) -> bool:
+    """A container is stale when the process that created it (on this machine) no longer exists."""
+    if labels.get(f"{LABEL}.host") != socket.gethostname():
+        return False  # another machine shares this daemon; its containers are not ours to judge
+    if labels.get(f"{LABEL}.pidns", _pid_namespace()) != _pid_namespace():
+        # a container beside us with the host's name (host networking), e.g. another node's trainer:
+        # its pids are not ours to look up (tests/test_env.py::test_sweep_spares_live_containers_of_another_pid_namespace)
+        return False
+    if labels.get(f"{LABEL}.boot") != _boot_id():
+        return True
+    try:
+        pid = int(labels.get(f"{LABEL}.pid", ""))
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return True
+    except PermissionError:
+        pass
+    return _proc_start(pid) != labels.get(f"{LABEL}.pidstart")
+
+
+_LIVE: dict[str, object] = {}   # container id -> docker client, for every container this process started
+_LIVE_LOCK = threading.RLock()  # re-entrant: a signal may land while this thread holds it
+_PREV_HANDLERS: dict = {}       # signal -> the handler ours replaced (called after cleanup)
+SHUTDOWN = threading.Event()   # set by SIGINT/SIGTERM: no container starts after it
+_ATEXIT_DONE = False
+
+
+def register(client, cid: str):
+    """Remember a container this process created, so cleanup_all removes it on any exit."""
+    with _LIVE_LOCK:
+        _LIVE[cid] = client
+
+
+def forget(cid: str):
+    """Drop a container from cleanup_all's list without a Docker call (its daemon stopped answering)."""
+    with _LIVE_LOCK:
+        _LIVE.pop(cid, None)
+
+
+def remove(client, cid: str):
+    with contextlib.suppress(Exception):  # already gone, or the daemon is down: nothing more we can do
+        client.api.remove_container(cid, force=True)
+    forget(cid)
+
+
+def cleanup_all():
+    """Remove every container this process started (atexit and signal handlers call this)."""
+    with _LIVE_LOCK:
+        items = list(_LIVE.items())
+    for cid, client in items:
+        remove(client, cid)
+
+
+def _on_signal(signum, frame):
+    prev = _PREV_HANDLERS.get(signum)
+    if prev == signal.SIG_IGN:
+        return
+    SHUTDOWN.set()
+    cleanup_all()
+    if callable(prev):
+        prev(signum, frame)
+    elif signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    else:
+        sys.exit(128 + signum)
+
+
+def install_cleanup():
+    global _ATEXIT_DONE
+    if not _ATEXIT_DONE:
+        _ATEXIT_DONE = bool(atexit.register(cleanup_all))
+    if _PREV_HANDLERS or threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be installed from the main thread
+    for s in (signal.SIGINT, signal.SIGTERM):
+        _PREV_HANDLERS[s] = signal.getsignal(s)
+        signal.signal(s, _on_signal)
+
+
+def sweep_stale(client) -> int:
+    """Remove termrl containers whose creating process is gone (e.g. a run killed with SIGKILL)."""
+    n = 0
+    for c in client.api.containers(all=True, filters={"label": LABEL}):
+        if _is_stale(c.get("Labels") or {}):
+            remove(client, c["Id"])
+            n += 1
+    return n
+
+
+# --- docker exec: the stream's frames, a deadline kept from the host ------------------------------
+
+class Capped:
+    """Keeps the head and the tail of a byte stream, counting what it drops in between."""
+
+    def __init__(self, cap: int):
+        self.half, self.head, self.tail, self.dropped, self.total = cap // 2, bytearray(), bytearray(), 0, 0
+
+    def add(self, b: bytes):
+        self.total += len(b)
+        if len(self.head) < self.half:
+            n = self.half - len(self.head)
+            self.head += b[:n]
+            b = b[n:]
+        self.tail += b
+        if len(self.tail) > 2 * self.half:
+            cut = len(self.tail) - self.half
+            del self.tail[:cut]
+            self.dropped += cut
+
+    @property
+    def omitted(self) -> int:
+        return self.dropped + max(0, len(self.tail) - self.half)
+
+    def text(self) -> str:
+        n = self.omitted
+        mid = f"\n[... {n} bytes of output omitted ...]\n" if n else ""
+        tail = self.tail[n - self.dropped:]
+        return self.head.decode("utf-8", "replace") + mid + tail.decode("utf-8", "replace")
+
+
+
+def next_frame(sock, raw: bytearray, deadline: float) -> bytes | None:
+    """Payload of the next docker stream frame on sock (raw holds bytes read but not yet parsed);
+    b"" when the stream ended, None at the deadline."""
+    while True:
+        if len(raw) >= 8:
+            size = struct.unpack(">I", raw[4:8])[0]
+            if len(raw) >= 8 + size:
+                out = bytes(raw[8:8 + size])
+                del raw[:8 + size]
+                if out:
+                    return out
+                continue
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([sock], [], [], wait)[0]:
+            return None
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return b""
+        raw += chunk
+
+
+def docker_exec(client, cid: str, argv: list, timeout: float, env=None, workdir=None, cgroup=None,
+          host_pid: int | None = None, kill_inside: bool = False) -> tuple[int, bytes]:
+    """`docker exec` with a deadline kept from the host, never by the container nor the Docker
+    client's own timeout: (exit code, output). At the deadline every process the exec started is
+    SIGKILLed from outside and the exit code is 124; with kill_inside (a daemon on another machine,
+    whose pids mean nothing here) every process but init and its sleep, by a kill from inside."""
+    api = client.api
+    if host_pid:
+        repair_dev_null(host_pid)
+    ex = api.exec_create(cid, argv, environment=env, workdir=workdir, stdout=True, stderr=True)
+    sock = api.exec_start(ex["Id"], socket=True)._sock
+    out, raw, deadline = Capped(FLOOD_LIMIT), bytearray(), time.monotonic() + timeout
+    try:
+        while data := next_frame(sock, raw, deadline):
+            out.add(data)
+        if data is None:
+            _kill_exec(api, ex["Id"], cgroup or {})
+            if kill_inside:
+                docker_exec(client, cid, ["sh", "-c", KILL_INSIDE], 10)
+            return 124, out.text().encode()
+    finally:
+        with contextlib.suppress(OSError):
+            sock.close()
+    end = time.monotonic() + 10  # the stream ends a moment before docker records the exit code
+    while (info := api.exec_inspect(ex["Id"]))["Running"] or info["ExitCode"] is None:
+        if time.monotonic() > end:  # a process that closed its output and kept running
+            _kill_exec(api, ex["Id"], cgroup or {})
+            return 124, out.text().encode()
+        time.sleep(0.01)
+    return info["ExitCode"], out.text().encode()
+
+
+def _kill_exec(api, exec_id: str, cgroup: dict):
+    """SIGKILL an exec's process and all its descendants (host pids; a no-op for a remote daemon)."""
+    with contextlib.suppress(Exception):
+        root = api.exec_inspect(exec_id)["Pid"]
+        for _ in range(3):  # a second pass catches what forked during the first
+            hpids = cgroup_pids(cgroup) or []
+            if root not in hpids:  # gone, or not a pid of this machine's container
+                return
+            parent = {}
+            for h in hpids:
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    parent[h] = int(proc_stat(h)[1])
+            tree, grew = {root}, True
+            while grew:
+                new = {h for h, p in parent.items() if p in tree} - tree
+                tree |= new
+                grew = bool(new)
+            for h in tree:
+                with contextlib.suppress(OSError):
+                    os.kill(h, signal.SIGKILL)
+
+
+# Inside a container whose processes we cannot signal from here: stop, then kill, all but init,
+# the first child of init (the sleep that keeps the container up) and this script's own ancestry.
+KILL_INSIDE = r"""_ppid() { { read -r s </proc/$1/stat; } 2>/dev/null || return; s=${s##*") "}; set -- $s; echo $2; }
+keep=" 1 $$ $PPID $(_ppid $PPID) "
+first=$(for p in /proc/[0-9]*; do [ "$(_ppid ${p#/proc/})" = 1 ] && echo ${p#/proc/}; done | sort -n | head -1)
+for sig in STOP STOP STOP KILL; do for p in /proc/[0-9]*; do p=${p#/proc/}
+  case "$keep $first " in *" $p "*) ;; *) kill -$sig $p 2>/dev/null;; esac; done; done; true"""
+
+
+# --- Host-side inspection of a local daemon's container: /proc, cgroups, the overlay dirs --------
+
+def repair_dev_null(host_pid: int):
+    """Recreate a container's /dev/null from the host if the agent deleted it: `docker exec` cannot
+    start any process without it (test_hostile.test_deleted_dev_null_*). A no-op for a remote daemon."""
+    path = f"/proc/{host_pid}/root/dev/null"
+    with contextlib.suppress(OSError):
+        if os.path.isdir(f"/proc/{host_pid}/root/dev") and not os.path.exists(path):
+            if os.path.lexists(path):
+                os.unlink(path)
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chmod(path, 0o666)
+
+
+def readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def fd_targets(hpid: int) -> set:
+    try:
+        return {readlink(f"/proc/{hpid}/fd/{fd}") for fd in os.listdir(f"/proc/{hpid}/fd")}
+    except OSError:
+        return set()
+
+
+def _daemon_time(iso: str) -> int:
+    """Seconds since the epoch of a timestamp the daemon wrote (RFC 3339, nanoseconds, any offset)."""
+    from datetime import datetime
+    return int(datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", iso).replace("Z", "+00:00")).timestamp())
+
+
+def names_container(host_pid: int, container_id: str) -> bool:
+    """Whether this machine's process host_pid is in the container's cgroup: the daemon is local."""
+    try:
+        return container_id in Path(f"/proc/{host_pid}/cgroup").read_text()
+    except OSError:
+        return False
+
+
+def cgroup_dirs(host_pid: int, container_id: str) -> dict:
+    """{controller: its cgroup directory} of a container's init process, for those we can read;
+    {} when that pid is not the container's on this machine (a remote daemon's pid means nothing here)."""
+    dirs = {}
+    try:
+        text = Path(f"/proc/{host_pid}/cgroup").read_text()
+    except OSError:
+        return dirs
+    if container_id not in text:
+        return dirs
+    lines = text.splitlines()
+    for ln in lines:
+        _, ctrls, path = ln.split(":", 2)
+        for c in ctrls.split(",") if ctrls else ["unified"]:
+            bases = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] if c == "unified" else [f"/sys/fs/cgroup/{c}"]
+            d = next((b + path for b in bases if os.path.isfile(b + path + "/cgroup.procs")), None)
+            if d:
+                dirs[c] = d
+    if "pids" not in dirs and "unified" in dirs and os.path.exists(dirs["unified"] + "/pids.max"):
+        dirs["pids"] = dirs["unified"]  # cgroup v2: one directory for every controller
+    return dirs
+
+
+def cgroup_read(cgroup: dict, controller: str, name: str) -> str:
+    try:
+        return Path(cgroup[controller], name).read_text().strip()
+    except (KeyError, OSError):
+        return ""
+
+
+def cgroup_pids(cgroup: dict) -> list | None:
+    text = cgroup_read(cgroup, "pids", "cgroup.procs")
+    return [int(x) for x in text.split()] if "pids" in cgroup and (text or os.path.isdir(cgroup["pids"])) else None
+
+
+def container_procs(init_pid: int, cgroup: dict | None = None) -> dict | None:
+    """{host pid: pid inside the container} for a local daemon we may signal, else None."""
+    hpids = cgroup_pids(cgroup or {})
+    if hpids is None:  # no readable cgroup: scan every process of the host for the container's pid namespace
+        try:
+            ns = os.readlink(f"/proc/{init_pid}/ns/pid")
+            if ns == os.readlink("/proc/self/ns/pid"):
+                return None  # not a separate pid namespace we can see from here
+        except OSError:
+            return None
+        hpids = []
+        for d in os.listdir("/proc"):
+            with contextlib.suppress(OSError):
+                if d.isdigit() and os.readlink(f"/proc/{d}/ns/pid") == ns:
+                    hpids.append(int(d))
+    procs = {}
+    for h in hpids:
+        try:
+            status = Path(f"/proc/{h}/status").read_text()
+            procs[h] = int(re.search(r"^NSpid:.*?(\d+)\s*$", status, re.M).group(1))
+        except (OSError, AttributeError):
+            continue
+    return procs
+
+
+def dir_bytes(path: str) -> int:
+    """Disk blocks used by the files under path (a container's writable layer)."""
+    total, stack = 0, [path]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                with contextlib.suppress(OSError):
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    else:
+                        total += e.stat(follow_symlinks=False).st_blocks * 512
+    return total
+
+
+
+def _overlay_changes(upper: str, lowers: list[str]) -> list[tuple[str, str]]:
+    """What docker diff reports, from the overlay dirs: whiteouts are deletions, a file also in a
+    lower layer was changed, else added; an opaque directory (removed, then made again) changed."""
+    out = []
+    for root, dirs, files in os.walk(upper):
+        rel = root[len(upper):]
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                if os.getxattr(os.path.join(root, d), "trusted.overlay.opaque") == b"y":
+                    out.append((f"{rel}/{d}", "C"))
+        for f in files:
+            st = os.lstat(os.path.join(root, f))
+            p = f"{rel}/{f}"
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                out.append((p, "D"))
+            else:
+                out.append((p, "C" if any(os.path.lexists(lo + p) for lo in lowers) else "A"))
+    return out
+
+
+def changes(api, cid: str, layers: tuple, local: bool) -> list[tuple[str, str]]:
+    """(path, "A"dded | "C"hanged | "D"eleted) of the container against its image: from the overlay
+    upper dir when it is on this machine (docker's diff API walks every layer: ~0.7 s here)."""
+    upper, lowers = layers
+    if upper and local and os.path.isdir(upper):
+        return _overlay_changes(upper, lowers)
+    entries = [(c["Path"], "CAD"[c["Kind"]]) for c in api.diff(cid) or []]
+    paths = sorted(p for p, _ in entries)
+    parents = {p.rsplit("/", 1)[0] for p in paths}
+    return [(p, k) for p, k in entries if p not in parents]  # a directory is listed when a child changed
+
+
+def stopped_by_docker(api, cid: str) -> bool:
+    """Whether Docker itself stopped the container (a `kill` event: the daemon shutting down, an
+    operator's `docker stop`; nothing inside a container can cause one)."""
+    with contextlib.suppress(Exception):
+        since = _daemon_time(api.inspect_container(cid)["Created"])
+        until = _daemon_time(api.info()["SystemTime"]) + 1  # the daemon's clock; blocks until then (< 1 s)
+        return any(True for _ in api.events(since=since, until=until, decode=True,
+                                            filters={"container": cid, "event": "kill"}))
+    return False
+
+
+def first_child(init_pid: int, procs: dict) -> int | None:
+    """The oldest child of the container's init: the sleep that keeps the container up."""
+    kids = []
+    for h in procs:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            f = proc_stat(h)
+            if int(f[1]) == init_pid:
+                kids.append((int(f[19]), h))
+    return min(kids)[1] if kids else None
+
+
+def zombie(hpid: int) -> bool:
+    try:
+        return proc_stat(hpid)[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # gone
+
+
+def describe(hpid: int) -> str:
+    """A process's command line and the text of the scripts it names (what it will do)."""
+    try:
+        argv = Path(f"/proc/{hpid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    text = b" ".join(argv).decode("utf-8", "replace")
+    for a in argv[1:]:
+        if a.startswith(b"/") or b"." in a:
+            with contextlib.suppress(OSError, ValueError):
+                cwd = os.readlink(f"/proc/{hpid}/cwd")
+                p = Path(f"/proc/{hpid}/root") / os.path.join(cwd, a.decode()).lstrip("/")
+                if p.is_file() and p.stat().st_size < (1 << 16):
+                    text += "\n" + p.read_text(errors="replace")
+    return text
+

@@ -1,0 +1,349 @@
+"""grading.py — how an episode is judged: stop the agent, check the verifier's toolchain, run the hidden tests
+in the terminal, score; and settle, the one place that decides how an episode ended once the environment has a say.
+
+grade(term) is a function of a terminal.Terminal (the Docker host, the harness recheck on a fresh container and
+the grading network come with the terminal). An episode that tampered with grading gets reward 0 and evidence
+(docs/grading-integrity.md, tests/test_tampering.py); infra_error only when the infrastructure failed.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import fnmatch
+import io
+import json
+import os
+import re
+import signal
+import tarfile
+import time
+from dataclasses import dataclass, field
+
+from container import (KILL_INSIDE, Capped, HostDown, InfraError, changes, describe, first_child, zombie)
+from task_folders import Task
+from terminal import OUTPUT_CAP
+
+INLINE_TESTS_MAX = 48 << 10  # tests up to this tar size go in on the grading command line (argv <= 128 KiB)
+_NOT_INSTALLED = "__termrl_tests_not_installed__"
+
+
+@dataclass
+class Grade:
+    """The verdict of the hidden tests on one episode."""
+    reward: float | None
+    passed: bool
+    tests: dict
+    output: str
+    infra_error: str | None
+    rewards: dict = field(default_factory=dict)  # every key of a TB2 reward.json (reward.txt: {"reward": x})
+    tampered: str | None = None  # evidence that the episode tampered with grading (reward is then 0)
+
+
+# What a harness prints when it cannot download its runner (curl, pip, uv, apt, DNS).
+_NO_NETWORK = re.compile(r"^.*(Could not resolve host|Temporary failure in name resolution|Network is unreachable|"
+                         r"Failed to establish a new connection|failed to lookup address|dns error).*$", re.M | re.I)
+# Where the verifier's input and output live: a process of the agent that names them is tampering.
+_VERIFIER_PATHS = re.compile(r"/tests\b|/logs/verifier|reward\.(txt|json)")
+RUNNER_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+# Programs every test harness may run, besides the words of the task's own test scripts.
+_HARNESS_PROGRAMS = {"bash", "sh", "dash", "env", "timeout", "python", "python3", "pytest", "pytest-3",
+                     "py.test", "pip", "pip3", "uv", "uvx"}
+_RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py", "pluggy.py"}
+_INSTALLER_CONFIGS = {"pip.conf", "uv.toml", ".pydistutils.cfg", ".npmrc", ".condarc"}
+_BIN_DIRS = ("/usr/local/sbin/", "/usr/local/bin/", "/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/")
+
+
+def grade(term) -> Grade:
+    """Stop the agent, check the verifier's toolchain, copy the hidden tests in, run them, score.
+
+    reward: 1/0 from the test exit code (TB1, generated) or reward.txt/json (TB2). An episode
+    that tampered with grading gets reward 0 and `tampered` evidence; infra_error (reward None)
+    only when Docker failed, the container was lost to the infrastructure (`lost`), or the
+    harness fails on a fresh container too (tests/test_tampering.py, tests/test_hosts.py)."""
+    if not term.host_ok():
+        return Grade(None, False, {}, "", term.lost())
+    g = _grade(term)
+    if (g.tampered or g.infra_error) and (why := term.lost()):
+        return Grade(None, False, g.tests, g.output, why)
+    return g
+
+
+def _grade(term) -> Grade:
+    """grade, before the check that the container was not lost meanwhile."""
+    t = term.task
+    if term.dead:  # the agent broke its own container: a failed episode, not an infrastructure error
+        return Grade(0.0, False, {}, f"[the terminal is dead: {term.dead}]", None,
+                     tampered=term.agent_stopped() or f"the agent made its container unusable: {term.dead}")
+    try:
+        exports = _agent_exports(term) if t.tests_in_agent_shell else {}
+        evidence = [] if t.keep_agent_processes else stop_agent(term)
+        path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":") if d.startswith("/"))
+        diff = changes(term.client.api, term.id, term.layers, term.local)
+        evidence += toolchain_changes(diff, t, term.home, _BIN_DIRS + path_dirs)
+    except Exception as e:
+        return _failed(term, e)
+    if evidence:
+        return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
+    g, harness_failed = verify(term, exports)
+    if harness_failed and (why := term.agent_stopped()):
+        return Grade(0.0, False, g.tests, g.output, None, tampered=why)
+    if harness_failed and term.harness_runs is not None and term.harness_runs(t):
+        return Grade(0.0, False, g.tests, g.output, None, rewards=g.rewards, tampered=(
+            f"{g.infra_error} after the episode, but the harness runs on a fresh container"))
+    return g
+
+
+def verify(term, exports: dict | None = None) -> tuple[Grade, bool]:
+    """Clean /tests and /logs/verifier, unpack the tests, run them: (grade, the harness failed)."""
+    t = term.task
+    env = {**(exports or {}), **verifier_env(t)}
+    try:
+        _join_grading_network(term)
+        rc, text = None, ""
+        # Start from a clean /tests: nothing the agent left there or in the verifier's output counts.
+        clean = "rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent"
+        tar, code = _tar(t.tests), None
+        if len(tar) <= INLINE_TESTS_MAX:
+            # one exec that cleans, unpacks and tests: each docker call costs ~80 ms of a small
+            # machine's CPU, and a generated task's whole episode only ~0.6 s
+            code, out = term.exec(
+                f"{{ {clean} && command -v base64 >/dev/null && command -v tar >/dev/null && "
+                f"printf %s {base64.b64encode(tar).decode()} | base64 -d | tar -x -C /tests; }} "
+                f"|| {{ echo {_NOT_INSTALLED}; exit 213; }}\n{t.test_command}",
+                t.test_timeout_s, env=env)
+            if code == 213 and _NOT_INSTALLED in out:
+                code = None  # no base64 or tar in this image: the docker API's way below
+        if code is None:
+            term.exec(clean, 30)
+            if not term.client.api.put_archive(term.id, "/tests", tar):
+                raise InfraError("could not copy the tests into the container")
+            code, out = term.exec(t.test_command, t.test_timeout_s, env=env)
+        for _ in range(3 if t.layout == "tb2" else 0):
+            rc, text = term.exec("for f in /logs/verifier/reward.json /logs/verifier/reward.txt; do "
+                                 "[ -f $f ] && { echo $f; cat $f; exit 0; }; done; exit 3", 30)
+            if rc != 0 or text.partition("\n")[2].strip():
+                break  # an empty read is retried: a loaded daemon can drop a short exec's output
+    except Exception as e:
+        return _failed(term, e), False
+    g, harness_failed = _score(term, code, out, rc, text)
+    offline = _NO_NETWORK.search(out)
+    if offline and not g.tests and not (g.reward or 0) > 0:  # no test ran: the runner could not be fetched
+        net = term.grading_network
+        return Grade(None, False, g.tests, g.output, "the test harness could not install itself: no network "
+                     f"({offline.group().strip()[:120]}); grading joins env.grading_network ({net}) for "
+                     "tasks whose tests_need_network"), False
+    return g, harness_failed
+
+
+def _score(term, code: int, out: str, rc: int | None, text: str) -> tuple[Grade, bool]:
+    """The grade of a test run's exit code, output and (TB2) reward file: (grade, the harness failed)."""
+    t = term.task
+    cap = Capped(OUTPUT_CAP * 4)
+    cap.add(out.encode())
+    tests = {m.group(2): m.group(1) for m in re.finditer(
+        r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)", out, re.M)}
+    timed_out = code in (124, 137)  # the tests hung on the state the agent left: a failure
+    output = cap.text() + ("\n[tests timed out]" if timed_out else "")
+    if t.layout != "tb2":
+        if code in (126, 127) or (code in (3, 4, 5) and not tests):  # harness missing / pytest usage error
+            return Grade(None, False, tests, output, f"test harness failed to run (exit code {code})"), True
+        return Grade(1.0 if code == 0 else 0.0, code == 0, tests, output, None), False
+    if rc != 0:
+        if timed_out:
+            return Grade(0.0, False, tests, output, None), False
+        return Grade(None, False, tests, output,
+                     f"test harness wrote no /logs/verifier/reward.txt (tests exit code {code})"), True
+    path, _, body = text.partition("\n")
+    try:
+        rewards = json.loads(body) if path.endswith(".json") else {"reward": float(body.strip())}
+        reward = scalar_reward(rewards, term.multi_reward)
+    except (ValueError, TypeError, AttributeError) as e:
+        return Grade(None, False, tests, output, f"{path}: {e}: {body[:100]!r}"), True
+    return Grade(reward, reward >= 1.0, tests, output, None, rewards=rewards), False
+
+
+def _join_grading_network(term):
+    """Give the container the grading network, once the agent's processes are gone, when the
+    task's tests fetch their runner and the container has no network yet."""
+    net = term.grading_network
+    if not term.task.tests_need_network or net == "none" or term.key[4] != "none" or term.networked:
+        return
+    term.client.api.disconnect_container_from_network(term.id, "none")
+    term.client.api.connect_container_to_network(term.id, net)
+    term.networked = True
+
+
+def _agent_exports(term) -> dict:
+    """The variables the agent's shell exported (TB1 run_tests_in_same_shell), without those that
+    would load code into the verifier."""
+    r = term.run("export -p", timeout=10)
+    out = {}
+    for m in re.finditer(r'^declare -x ([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"$', r.output, re.M):
+        name, value = m.group(1), re.sub(r"\\(.)", r"\1", m.group(2))
+        if not re.match(r"LD_|PYTHON|PYTEST|BASH_ENV$|ENV$|BASH_FUNC|TEST_DIR$|PS4$|SHELLOPTS$", name):
+            out[name] = value
+    return out
+
+
+def _failed(term, e: Exception) -> Grade:
+    """A Docker error while grading: reward 0 and flagged when the agent stopped the container,
+    else an infra_error."""
+    if why := term.agent_stopped():
+        return Grade(0.0, False, {}, "", None, tampered=why)
+    return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}")
+
+
+def stop_agent(term) -> list[str]:
+    """SIGKILL every process in the container except init and the `sleep` that keeps it up, so
+    nothing the agent started (daemons included) runs while the tests do; evidence for each
+    killed process that names the tests or the verifier's output (tests/test_tampering.py)."""
+    procs = term.procs()
+    if procs is None:  # a daemon on another machine: kill from inside, with the container's tools
+        term.exec(KILL_INSIDE, 30, workdir="/")
+        return []
+    sleeper = first_child(term.host_pid, procs)
+    if sleeper is None:  # the container is stopping: nothing to grade in
+        return ["the process that keeps the container up was killed during the episode"]
+    keep = {term.host_pid, sleeper}
+    stopped: dict[int, str] = {}
+    for _ in range(1000):  # SIGSTOP until no new process appears: a stopped process cannot fork
+        new = [h for h in procs if h not in keep and h not in stopped]
+        if not new:
+            break
+        for h in new:
+            stopped[h] = describe(h)
+            with contextlib.suppress(OSError):
+                os.kill(h, signal.SIGSTOP)
+        procs = term.procs() or {}
+    for h in stopped:
+        with contextlib.suppress(OSError):
+            os.kill(h, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while left := [h for h in (term.procs() or {}) if h in stopped and not zombie(h)]:
+        if time.monotonic() > deadline:
+            raise InfraError(f"processes {left} of the agent survived SIGKILL")
+        time.sleep(0.005)
+    return [f"a process the agent left running refers to {m.group()}: {text[:200]!r}"
+            for text in stopped.values() if (m := _VERIFIER_PATHS.search(text))]
+
+
+@dataclass
+class Outcome:
+    """How an episode ended once the environment had its say (settle); rollout.run_episode writes it
+    into the Trajectory."""
+    finish_reason: str | None  # None: the episode's own finish stands; else sandbox_lost | container_stopped | env_error
+    valid: bool                # False: the environment failed, not the agent; the row is masked out of training
+    reward: float              # NaN when not valid
+    grade: dict | None         # the grade record (None: nothing was graded)
+    error: str | None = None   # what failed, for a row that is not valid
+    grade_s: float | None = None  # how long grading took, when it ran
+
+
+def settle(term, error: Exception | None = None) -> Outcome:
+    """Grade the episode, or, when an InfraError ended it (error, or a grade with infra_error), decide
+    whose failure it was. A container lost to the infrastructure (HostDown, or term.lost(): its Docker
+    host stopped answering, or Docker stopped it) is "sandbox_lost", which rollout.collect runs again
+    elsewhere; a container the agent stopped is the agent's failure ("container_stopped", reward 0);
+    anything else is "env_error", masked out of training (tests/test_hosts.py, tests/test_tampering.py)."""
+    record = grade_s = None
+    if error is None:
+        t0 = time.monotonic()
+        g = grade(term)
+        grade_s = time.monotonic() - t0
+        record = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
+                  "rewards": g.rewards, "tampered": g.tampered}
+        if not g.infra_error:
+            return Outcome(None, True, float(g.reward), record, grade_s=grade_s)
+        error = InfraError(g.infra_error)
+    if isinstance(error, HostDown) or (term is not None and term.lost()):
+        return Outcome("sandbox_lost", False, float("nan"), record, str(error), grade_s)
+    if term is not None and (why := term.agent_stopped()):
+        return Outcome("container_stopped", True, 0.0, {"passed": False, "tests": {}, "output": str(error),
+                                                        "infra_error": None, "rewards": {}, "tampered": why},
+                       grade_s=grade_s)
+    return Outcome("env_error", False, float("nan"), record, str(error), grade_s)
+
+
+def verifier_env(task: Task) -> dict:
+    """Environment of the test run. The rest comes from the image's config, which the agent cannot
+    change (its `export`s live in its own shell): PATH, PYTHONPATH, HOME. Python's user site is off
+    and pytest reads no conftest or ini file above /tests, only the task's own (tests/test_tampering.py)."""
+    ini = next((f"/tests/{n}" for n in RUNNER_CONFIGS if n in task.tests), "/dev/null")
+    return {"TEST_DIR": "/tests", "PYTHONNOUSERSITE": "1",
+            "PYTEST_ADDOPTS": f"-p no:cacheprovider --rootdir=/tests --confcutdir=/tests -c {ini}"}
+
+
+def scalar_reward(rewards: dict, multi: str = "mean") -> float:
+    """The reward of a Harbor reward.json. Harbor keeps every key and its metrics expect one (or a key
+    named "reward", which its rewardkit writes as the aggregate); several keys and no "reward" are
+    reduced by `multi`: "mean", "min" (every criterion must hold) or "error"."""
+    if not isinstance(rewards, dict) or not rewards:
+        raise ValueError("expected a JSON object of numbers")
+    values = {k: float(v) for k, v in rewards.items()}
+    if "reward" in values or len(values) == 1:
+        return values.get("reward", next(iter(values.values())))
+    if multi == "mean":
+        return sum(values.values()) / len(values)
+    if multi == "min":
+        return min(values.values())
+    raise ValueError(f"several rewards {sorted(values)} and no 'reward' key; set env.multi_reward to mean or min")
+
+
+def _script_words(task: Task) -> tuple[set, set]:
+    """(words, sourced absolute paths) of the task's test command and shell scripts in its tests."""
+    text = task.test_command + "\n" + "\n".join(
+        v.decode("utf-8", "replace") for k, v in task.tests.items() if k.endswith(".sh"))
+    words = set(re.findall(r"[A-Za-z0-9_.+-]+", text))
+    sourced = {p for p in re.findall(r"(?:^|[;&|({\s])(?:source|\.)\s+[\"']?([^\s\"';&|)]+)", text)}
+    return words, sourced
+
+
+def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DIRS) -> list[str]:
+    """Evidence that the container's changes against its image reach the verifier's toolchain: the
+    harness's programs on PATH, Python's startup hooks and the test runner's package, the dynamic
+    loader's config, runner config above /tests, files the test scripts source. A task lists the
+    globs its legitimate solution must change in verifier_changes_ok."""
+    words, sourced = _script_words(task)
+    programs = _HARNESS_PROGRAMS | words
+    bin_dirs = tuple(bin_dirs) + (f"{home}/.local/bin/",)  # where TB1's uv setup installs uv
+    sourced = {re.sub(r"^(\$HOME|\$\{HOME\}|~)(?=/)", home, p) for p in sourced}
+    kinds = {"A": "added", "C": "changed", "D": "deleted"}
+    out = []
+    for path, kind in changes:
+        if path.startswith(("/tests/", "/logs/", "/proc/", "/tmp/pytest-of-")) or path in ("/tests", "/logs") or \
+                any(fnmatch.fnmatch(path, g) for g in task.verifier_changes_ok):
+            continue
+        parts, name = path.split("/"), path.rsplit("/", 1)[-1]
+        why = None
+        if path.startswith("/etc/ld.so.preload") or path.startswith("/etc/ld.so.conf"):
+            why = "the dynamic loader's config"
+        elif path[:len(path) - len(name)] in bin_dirs and (name in programs or re.fullmatch(r"python\d[\d.]*", name)):
+            why = "a program the test harness runs"
+        elif name in ("sitecustomize.py", "usercustomize.py") or (name.endswith(".pth") and "python" in path):
+            why = "a Python startup hook"
+        elif _RUNNER_PACKAGES & set(parts) or re.search(r"/(pytest|pluggy)-[^/]*\.dist-info(/|$)", path):
+            why = "the test runner's package"
+        elif re.match(r"/usr/lib/python3\.\d+/(?!(dist|site)-packages/)", path) and not (kind == "A" and "__pycache__" in parts):
+            why = "Python's standard library"
+        elif kind != "A" and re.match(r"/(usr/)?lib(64|/x86_64-linux-gnu|/aarch64-linux-gnu)?/[^/]*\.so[.\d]*$", path):
+            why = "a shared library"
+        elif len(parts) == 2 and name in RUNNER_CONFIGS + ("conftest.py",):
+            why = "test runner config above /tests"
+        elif name in _INSTALLER_CONFIGS:
+            why = "an installer's config, read by a harness that installs its runner"
+        elif path in sourced:
+            why = "a file the test script sources"
+        if why:
+            out.append(f"{kinds[kind]} {path} ({why})")
+    return out
+
+
+
+def _tar(files: dict) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o755 if name.endswith(".sh") else 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

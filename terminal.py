@@ -1,0 +1,457 @@
+"""terminal.py — the framed persistent shell an agent types into: one container, one bash session.
+
+Commands go in framed by nonce-carrying markers and come back within their deadline (a timeout, a
+flood, an `exit` or a fork bomb is output, never an exception); background jobs are detached from
+the terminal's output; a container the agent made unusable is `dead`. Grading is grading.py's.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import signal
+import time
+from dataclasses import dataclass
+
+from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, cgroup_dirs, cgroup_pids, cgroup_read,
+                       container_procs, dir_bytes, docker_exec, fd_targets, first_child, forget, names_container,
+                       next_frame, readlink, remove, repair_dev_null, stopped_by_docker)
+from hosts import Host
+from task_folders import Task
+
+OUTPUT_CAP = 16384          # bytes of command output the agent sees (half head, half tail)
+SESSION_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "DEBIAN_FRONTEND": "noninteractive", "TERM": "dumb"}
+
+
+@dataclass
+class CommandResult:
+    output: str
+    exit_code: int | None
+    timed_out: bool
+    duration_s: float
+    truncated: bool
+    shell_restarted: bool = False  # the agent's shell was replaced during this command (its variables and cwd are gone)
+
+
+
+# Runs once in every session. Commands run inside a function so that a USR1 trap can abort the
+# whole command (loops included) after its processes are killed; `declare` is made global there
+# so `declare -A x` persists as it would at a prompt. $? is carried over between commands.
+# __termrl_out is where the harness's markers go (an agent's `exec >file` keeps the framing) and
+# __termrl_in the commands' stdin: an empty pipe, so no path the agent can delete (/dev/null) is
+# needed; without /dev/fd stdin is closed instead.
+_PRELUDE = r"""exec 2>&1
+declare() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin declare -g "$@"; else builtin declare "$@"; fi; }
+typeset() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin typeset -g "$@"; else builtin typeset "$@"; fi; }
+trap 'return 130 2>&-' USR1
+exec {__termrl_out}>&1
+{ exec {__termrl_in}< <(:); } 2>&- || __termrl_in=-
+"""
+KILL_GRACE_S = 0.5      # after a timeout: how long the shell gets to end the killed command before a restart
+TIMEOUT_MARGIN_S = 2.5  # run(timeout=t) returns within t + this (grace + restart on a busy machine); test_hostile checks it
+MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, a number)
+FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n"]  # the marker formats, for test_hostile's forgeries
+
+
+def _command_line(cmd: str, nonce: str) -> str:
+    """One command framed by a begin and an end marker carrying a fresh nonce.
+
+    The nonce is new for every command and only ever printed split in two, so neither a trace
+    (`set -x`, a DEBUG trap) nor an earlier command shows a marker an agent could replay. Before the
+    end marker is printed, functions named `builtin` are removed in POSIX mode (where `unset` and
+    `trap` are special builtins no function can shadow) and DEBUG/RETURN traps are cleared; every
+    name the harness calls is `\\`-quoted so no alias applies. test_hostile.test_framing_* forges it."""
+    a, b = nonce[:len(nonce) // 2], nonce[len(nonce) // 2:]
+    return (f"\\builtin read -r __t __t __t __t __termrl_wm </proc/loadavg; "
+            f"\\builtin printf '\\036B%s%s %s\\n' {a} {b} \"$__termrl_wm\" >&$__termrl_out; "
+            "__termrl_rc() { return \"$1\"; }; __termrl_run() { __termrl_rc \"${__termrl_last:-0}\"; eval \"$1\"; }; "
+            f"__termrl_run {shlex.quote(cmd)} <&$__termrl_in; "
+            "{ __termrl_last=$?; POSIXLY_CORRECT=y; \\unset -f builtin; \\unset POSIXLY_CORRECT; \\trap - DEBUG RETURN; "
+            f"\\builtin printf '\\n\\036E%s%s %d\\n' {a} {b} \"$__termrl_last\" >&$__termrl_out; }} 2>&-\n")
+
+
+
+class Terminal:
+    """One container plus one persistent bash session; `run` commands, then grading.grade the episode.
+
+    Use one terminal from one thread at a time. run() raises InfraError only when the container
+    itself is gone; everything the agent can cause (timeouts, floods, `exit`) comes back as output.
+    When the agent made the container unusable (no bash left to start, disk cap exceeded) `dead`
+    says why: run() answers with that notice, and the episode should end (graded as a failure).
+
+    Background jobs keep running between commands (servers, builds), within the container's CPU,
+    memory, pid and disk limits. Their terminal output is not a later command's: when a command
+    ends with jobs still holding the terminal, the shell moves to a fresh output pipe and the old
+    one is no longer read (a job writing more than the pipe holds then blocks, as under Ctrl-S).
+    A command that ends with the container at its pid limit (a fork bomb) ends every background job."""
+
+    def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP, host: Host | None = None,
+                 *, host_answers=None, drain_host=None, on_close=None, harness_runs=None,
+                 grading_network: str = "none", multi_reward: str = "mean", disk_cap_mb: int = 0):
+        """What the terminal needs of its environment comes as callables: host_answers() whether the
+        host answers a fresh connection (draining it when not), drain_host(why) treat it as down,
+        on_close() once the container is gone (its place on the host is free). harness_runs(task),
+        grading_network and multi_reward are for grading.grade; disk_cap_mb > 0 when the disk
+        watchdog (not a storage quota) keeps the disk cap (check_disk)."""
+        self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
+        self.host, self._epoch = host, host.epoch if host else 0  # a drain after this start loses the container
+        self._host_answers, self._drain_host, self._on_close = host_answers, drain_host, on_close
+        self.harness_runs, self.grading_network, self.multi_reward = harness_runs, grading_network, multi_reward
+        self.task: Task | None = None
+        self.closed = False
+        self.dead: str | None = None
+        self._restarts = 0  # shells started after the first (CommandResult.shell_restarted)
+        self.disk_cap_mb = disk_cap_mb
+        info = client.api.inspect_container(container_id)
+        self.host_pid = info["State"]["Pid"]
+        # Host-side work (/proc, cgroups, signals, the overlay dirs) only when State.Pid is this container's
+        # init on THIS machine: a daemon elsewhere reports a pid of its machine, which here is an unrelated
+        # process. Else the Docker API's slower ways (docs/grading-integrity.md; tests/test_hosts.py).
+        self.local = (host is None or host.host_side) and names_container(self.host_pid, container_id)
+        self._cgroup = cgroup_dirs(self.host_pid, container_id) if self.local else {}
+        self._pids_max = cgroup_read(self._cgroup, "pids", "pids.max")
+        self._pids_hits = self._pid_limit_hits()
+        self.networked = False  # joined the grading network (grading.grade)
+        layers = (info.get("GraphDriver") or {}).get("Data") or {}
+        self.layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
+        self.home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
+        self._socks = []  # every exec socket of this terminal (old output pipes stay open, unread)
+        self._relays = set()  # container pids of the processes whose stdout is the shell's output pipe
+        self._start_session()
+
+    # -- session plumbing ----------------------------------------------------------------------
+    def _start_session(self):
+        if self.local:
+            repair_dev_null(self.host_pid)
+        ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
+                                         stderr=True, tty=False, environment=SESSION_ENV)
+        self._exec_id = ex["Id"]
+        self._sock = self._out = self.client.api.exec_start(self._exec_id, socket=True)._sock
+        self._socks.append(self._sock)
+        self._raw, self._pending = bytearray(), bytearray()
+        nonce = os.urandom(8).hex()
+        self._send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
+        found, pid = self._read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30, Capped(4096))
+        if not found:
+            raise InfraError(f"container {self.id[:12]}: the bash session did not start")
+        self._session_pid = int(pid)
+        if not hasattr(self, "_floor"):
+            self._floor = self._session_pid - 1  # pids up to here are init and its `sleep`
+        procs = self.procs() or {}
+        shell = next((h for h, n in procs.items() if n == self._session_pid), None)
+        self._out_pipe = readlink(f"/proc/{shell}/fd/1") if shell else None
+        # host pids known not to write to the terminal: init, its sleep, the shell
+        self._quiet = {h for h, n in procs.items() if n <= self._floor or n == self._session_pid}
+
+    def _send(self, text: str):
+        self._sock.sendall(text.encode())
+
+    def _frames(self, deadline: float) -> bytes | None:
+        """Payload of the next docker stream frames; b"" when the session ended, None on timeout."""
+        data = next_frame(self._out, self._raw, deadline)
+        return data
+
+    def _read_until(self, marker: bytes, deadline: float, sink: Capped, flood: int = 0):
+        """Stream into sink until `marker<digits>\\n`; returns (found, digits | reason)."""
+        window = bytes(self._pending)
+        self._pending = bytearray()
+        keep = len(marker) + 24
+        while True:
+            i = window.find(marker)
+            if i >= 0:
+                j = window.find(b"\n", i + len(marker))
+                if j >= 0:
+                    sink.add(window[:i])
+                    self._pending += window[j + 1:]
+                    return True, window[i + len(marker):j].decode()
+            elif len(window) > keep:
+                sink.add(window[:-keep])
+                window = window[-keep:]
+            if flood and sink.total > flood:
+                self._pending += window
+                return False, "flood"
+            data = self._frames(deadline)
+            if data is None:
+                self._pending += window
+                return False, "timeout"
+            if data == b"":
+                sink.add(window)
+                return False, "eof"
+            window += data
+
+    def procs(self) -> dict | None:
+        return container_procs(self.host_pid, self._cgroup) if self.local else None
+
+    def _alive(self) -> bool:
+        if not self.host_ok():  # drained: no call that may hang
+            return False
+        with contextlib.suppress(Exception):
+            return bool(self.client.api.inspect_container(self.id)["State"]["Running"])
+        return False
+
+    def _restart_session(self) -> bool:
+        """Replace a dead or unrecoverable shell with a fresh one (state is lost, the container stays).
+        Every process but init and its sleep is SIGKILLed first, the old shell included, and checked
+        gone. False (and `dead` set) when the agent left the container unable to start a shell."""
+        for s in self._socks:
+            with contextlib.suppress(OSError):
+                s.close()
+        self._socks, self._relays = [], set()
+        if self.dead:
+            return False
+        self._check_host()
+        try:
+            if not _kill_command(self, self._floor, shell_too=True):
+                raise InfraError(f"container {self.id[:12]}: processes survived SIGKILL")
+            self._start_session()
+            self._restarts += 1
+            return True
+        except Exception as e:
+            if not self._alive():
+                if isinstance(e, InfraError):
+                    raise
+                raise InfraError(f"container {self.id[:12]} is unusable: {type(e).__name__}: {e}") from None
+            self.dead = "no new shell can start in this container (was bash or the filesystem deleted?)"
+            return False
+
+    def _dead_result(self, t0: float, out: str = "") -> CommandResult:
+        return CommandResult(out + f"\n[the terminal is dead: {self.dead}; the episode is over]",
+                             None, False, time.monotonic() - t0, False)
+
+    # -- public API ----------------------------------------------------------------------------
+    def run(self, cmd: str, timeout: float = 30) -> CommandResult:
+        """Run one command in the persistent shell; on timeout kill the command, keep the shell.
+        Returns within timeout + TIMEOUT_MARGIN_S."""
+        if self.closed:
+            raise InfraError("terminal is closed")
+        self._check_host()
+        t0 = time.monotonic()
+        if self.dead:
+            return self._dead_result(t0)
+        first = self._end_fork_bomb()
+        restarts = self._restarts
+        note, sink = "", Capped(self.output_cap)
+        nonce = os.urandom(8).hex()
+        try:
+            self._send(_command_line(cmd, nonce))
+        except OSError as e:
+            if not self._restart_session():
+                return self._dead_result(t0)
+            return CommandResult(f"[the shell had died ({e}); a new shell was started, please retry]",
+                                 None, False, time.monotonic() - t0, False, shell_restarted=True)
+        deadline = t0 + timeout
+        # what arrives before the begin marker is background output between commands: dropped
+        found, wm = self._read_until(f"{MARK}B{nonce} ".encode(), deadline, Capped(0))
+        exit_code, timed_out = None, False
+        if found:
+            found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
+            if found:
+                exit_code = int(status)
+                note += _detach_background(self)
+            elif status == "eof":
+                if self.dead or not self._restart_session():
+                    return self._dead_result(t0, sink.text())
+                note += "\n[the shell exited; a new shell was started in the working directory]"
+            else:
+                timed_out = True
+                why = (f"timed out after {timeout:g}s" if status == "timeout"
+                       else f"produced more than {FLOOD_LIMIT >> 20} MiB of output")
+                note += self._recover(int(wm), why, sink, nonce)
+        else:  # the shell never picked the command up
+            timed_out = wm == "timeout"
+            if self.dead or not self._restart_session():
+                return self._dead_result(t0)
+            note += (f"\n[the shell did not respond within {timeout:g}s" if timed_out else "\n[the shell exited") + \
+                "; a new shell was started in the working directory]"
+        if self.dead:
+            return self._dead_result(t0, sink.text())
+        return CommandResult(first + sink.text() + note, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted),
+                             shell_restarted=self._restarts > restarts)
+
+    def _recover(self, watermark: int, why: str, sink: Capped, nonce: str) -> str:
+        _kill_command(self, watermark)
+        found, _ = self._read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
+        if found:
+            return f"\n[command {why} and was killed; the shell is still usable]"
+        if not self._restart_session():
+            return ""
+        return f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd were reset]"
+
+    def _end_fork_bomb(self) -> str:
+        """When a fork failed at the container's pid limit since the last command (a fork bomb, most
+        likely still running), end every background process: otherwise no command could fork."""
+        hits = self._pid_limit_hits()
+        if hits <= self._pids_hits:
+            return ""
+        _kill_command(self, self._floor)  # the shell only gets USR1, which an idle shell ignores
+        self._pids_hits = self._pid_limit_hits()
+        return f"[the container reached its limit of {self._pids_max} processes: every background process was killed]\n"
+
+    def _pid_limit_hits(self) -> int:
+        """How often a fork in the container failed at its pid limit (the cgroup's pids.events)."""
+        m = re.search(r"^max (\d+)", cgroup_read(self._cgroup, "pids", "pids.events"), re.M)
+        return int(m.group(1)) if m else 0
+
+    def check_disk(self):
+        """End the terminal (dead) when its writable layer is over disk_cap_mb."""
+        upper = self.layers[0]
+        if upper and self.local and os.path.isdir(upper):
+            used = dir_bytes(upper)
+        else:  # a remote daemon: it measures the layer itself (slower)
+            used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
+        if used > self.disk_cap_mb << 20:
+            self.dead = f"the container's files grew past its disk cap of {self.disk_cap_mb} MiB"
+            _kill_command(self, self._floor, shell_too=True)
+
+    def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):
+        """Run a command in a fresh process (not the agent's shell): (exit code, output). The deadline
+        is kept from outside the container: at `timeout` the process tree is killed and the exit code
+        is 124, whatever the container's `timeout` binary does (test_hostile.test_exec_and_grade_*)."""
+        code, out = docker_exec(self.client, self.id, ["bash", "-c", cmd], timeout, env=env,
+                          workdir=workdir or (self.task.workdir if self.task else "/"), cgroup=self._cgroup,
+                          host_pid=self.host_pid if self.local else None, kill_inside=not self.local)
+        return code, out.decode("utf-8", "replace")
+
+    def agent_stopped(self) -> str | None:
+        """Evidence when Docker answers but the container no longer runs: the agent killed the process
+        that keeps it up, its failure rather than the daemon's (tests/test_tampering.py)."""
+        with contextlib.suppress(Exception):
+            state = self.client.api.inspect_container(self.id)["State"]
+            if not state.get("Running"):
+                if stopped_by_docker(self.client.api, self.id):  # not the agent: the daemon or an operator (see `lost`)
+                    return None
+                return f"the container stopped during the episode (exit code {state.get('ExitCode')})"
+            procs = self.procs()
+            if procs is not None and first_child(self.host_pid, procs) is None:  # stopping right now
+                return "the container stopped during the episode (its keep-alive process was killed)"
+        return None
+
+    def host_ok(self) -> bool:
+        """Whether this container's host has not been drained since it started (no call to it)."""
+        return self.host is None or (self.host.up and self.host.epoch == self._epoch)
+
+    def _check_host(self):
+        if not self.host_ok():
+            raise HostDown(f"docker host {self.host.name} stopped answering ({self.host.why or 'drained'}); "
+                           "its containers are lost")
+
+    def lost(self) -> str | None:
+        """Why the container was lost to the infrastructure, or None: its Docker host was drained, does
+        not answer now, or Docker itself stopped the container (a `kill` event: the daemon shutting
+        down, an operator's `docker stop`; nothing inside a container can cause one). The latter two
+        drain the host (host_answers, drain_host): it is tried again and rejoins when it answers."""
+        if self.host_ok() and self._host_answers is not None and self._host_answers():
+            with contextlib.suppress(Exception):  # removed: not lost to the infrastructure
+                if not self.client.api.inspect_container(self.id)["State"]["Running"] and \
+                        stopped_by_docker(self.client.api, self.id):
+                    self._drain_host("Docker stopped a running episode's container (daemon shutting down?)")
+        if self.host_ok():
+            return None
+        return f"docker host {self.host.name} stopped answering ({self.host.why}); the container is lost"
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            for sock in self._socks:
+                with contextlib.suppress(OSError):
+                    sock.close()
+            if not self.host_ok():
+                # no call to a daemon that stopped answering (it may hang): removed when the host rejoins
+                self.host.lost.add(self.id)
+                forget(self.id)
+            else:
+                remove(self.client, self.id)
+            if self._on_close is not None:
+                self._on_close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _kill_command(term, watermark: int, shell_too: bool = False) -> bool:
+    """Kill every process the current command started (pids above the watermark); the shell gets
+    USR1 (ends the command) or, with shell_too, SIGKILL. True when nothing above it is left."""
+    api = term.client.api
+    host = term.procs()
+    if host is not None:  # local daemon: freeze the container so nothing forks while we kill
+        with contextlib.suppress(Exception):
+            term._check_host()  # no call to a drained daemon: it may hang until the client's timeout
+            api.pause_container(term.id)
+        try:
+            for hpid, nspid in (term.procs() or {}).items():
+                with contextlib.suppress(OSError):
+                    if nspid == term._session_pid and not shell_too:
+                        os.kill(hpid, signal.SIGUSR1)
+                    elif nspid > watermark and (shell_too or nspid not in term._relays):
+                        os.kill(hpid, signal.SIGKILL)
+        finally:
+            with contextlib.suppress(Exception):
+                term._check_host()
+                api.unpause_container(term.id)
+        if not shell_too:
+            return True
+        end = time.monotonic() + 5  # SIGKILLed processes vanish once the kernel reaps them
+        while time.monotonic() < end:
+            left = [n for n in (term.procs() or {}).values() if n > watermark]
+            if not left:
+                return True
+            time.sleep(0.02)
+        return False
+    sig = "-9" if shell_too else "-USR1"
+    script = (f"kill {sig} {term._session_pid}; for p in /proc/[0-9]*; do p=${{p#/proc/}}; "
+              f"[ $p -gt {watermark} ] && [ $p != $$ ] && kill -9 $p; done 2>&-; true")
+    with contextlib.suppress(Exception):
+        docker_exec(term.client, term.id, ["sh", "-c", script], 10)
+    return True
+
+
+def _detach_background(term) -> str:
+    """Move the shell to a fresh output pipe when background jobs still hold the current one."""
+    hpids = cgroup_pids(term._cgroup)  # per command: one read of the cgroup, in the common case
+    if not hpids or not term._out_pipe or not set(hpids) - term._quiet:
+        return ""
+    procs = term.procs() or {}
+    holders = [h for h, n in procs.items() if n > term._floor and n != term._session_pid
+               and n not in term._relays and term._out_pipe in fd_targets(h)]
+    term._quiet |= set(procs) - set(holders)  # checked: not writing to the terminal
+    if not holders:
+        return ""
+    shell = next((h for h, n in procs.items() if n == term._session_pid), None)
+    try:
+        ex = term.client.api.exec_create(term.id, ["bash", "--noprofile", "--norc", "-c",
+                                                   "builtin printf '%s\\n' $$; builtin read -r _"],
+                                         stdin=True, stdout=True, stderr=True, tty=False)
+        sock = term.client.api.exec_start(ex["Id"], socket=True)._sock
+        term._socks.append(sock)
+        buf, data = bytearray(), b""
+        end = time.monotonic() + 10
+        while b"\n" not in data:
+            chunk = next_frame(sock, buf, end)
+            if not chunk:
+                return ""
+            data += chunk
+        pid = int(data.split(b"\n")[0])
+        term._relays.add(pid)
+        term._quiet |= set(holders)  # they keep the old pipe: nothing to check again
+        # the shell's fds that were the terminal follow it (stdout, stderr, an agent's saved copy);
+        # a stdout the agent sent elsewhere (`exec >f`) stays there
+        fds = os.listdir(f"/proc/{shell}/fd") if shell else []
+        redirs = " ".join(f"{fd}>&$__termrl_out" for fd in sorted(fds, key=int)
+                          if readlink(f"/proc/{shell}/fd/{fd}") == term._out_pipe)
+        nonce = os.urandom(8).hex()
+        term._send(f"{{ exec {{__termrl_out}}>&- {{__termrl_out}}>/proc/{pid}/fd/1; }} 2>&-; exec {redirs}; "
+                   f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} 0 >&$__termrl_out\n")
+        term._out, term._raw = sock, buf
+        found, _ = term._read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 10, Capped(0))
+        if not found:
+            return ""
+        host = next((h for h, n in (term.procs() or {}).items() if n == pid), None)
+        term._out_pipe = readlink(f"/proc/{host}/fd/1") if host else None
+        term._quiet.add(host)
+    except Exception:  # the old pipe stays in use: background output may then reach later commands
+        return ""
+    return ""

@@ -1,0 +1,123 @@
+"""The multi-step generated family: every kind's oracle passes and doing nothing fails in a real
+container, the deciding value is only in an earlier command's output, shortcuts fail, the splits
+are disjoint, and a run config draws the family."""
+import re
+from pathlib import Path
+
+import pytest
+
+import config
+import generated_tasks as G
+import grading
+import tasktool
+from task_folders import oracle_commands
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_per_kind(split: str, seed: int = 0) -> list:
+    return G.generate_multistep_tasks(len(G.MULTISTEP_KINDS), seed=seed, split=split)
+
+
+def mentions(text: str, value: str) -> bool:
+    """value appears in text as a whole word or path ("log" is not in "/app/logs")."""
+    return re.search(rf"(?<!\w){re.escape(value)}(?!\w)", text) is not None
+
+
+def test_every_kind_passes_oracle_k_times_and_fails_noop(docker_env):
+    for split, k in [("heldout", 3), ("train", 1)]:
+        for task in one_per_kind(split, seed=5):
+            row = tasktool.validate_task(docker_env, task, k=k)
+            assert row["status"] == "ok" and row["noop"] == 0.0 and row["oracle"] == [1.0] * k, row
+
+
+def test_the_deciding_value_is_seen_in_an_earlier_output_before_the_oracle_types_it(docker_env):
+    """The oracle's first command types none of the hidden values; each one it types later was
+    printed by one of the commands before (so a model imitating it must read, then act)."""
+    for task in one_per_kind("train", seed=7):
+        cmds, outputs = oracle_commands(task), []
+        assert len(cmds) >= 2, task.name
+        with docker_env.reset(task) as term:
+            for cmd in cmds:
+                outputs.append(term.run(cmd).output)
+            assert grading.grade(term).reward == 1.0, task.name
+        for value in task.metadata["hidden"]:
+            first = next(i for i, c in enumerate(cmds) if mentions(c, value))
+            assert first >= 1 and any(mentions(out, value) for out in outputs[:first]), (task.name, value, outputs)
+
+
+# A shortcut per kind that acts without reading the deciding value (or on all candidates at once).
+SHORTCUTS = {
+    "grep": "cat /app/box/* > /app/found.txt",
+    "longest": "ls /app/logs > /app/answer.txt",
+    "config": "for v in $(sed -n 's/.* = //p' /app/settings.conf); do mkdir -p /app/$v; done",
+    "pointer": "cat /app/docs/* > /app/current.txt",
+    "chain": "grep -h answer /app/clues/* | cut -d' ' -f2 > /app/answer.txt",
+    "missing": "bash /app/run.sh > /app/output.txt",
+    "chmod": "chmod +x /app/bin/*; for f in /app/bin/*; do $f; done > /app/out.txt",
+    "crlf": "for f in /app/scripts/*; do sed -i 's/\\r$//' $f; bash $f; done > /app/result.txt",
+    "archive": "mkdir -p /app/unpacked && tar -xzf /app/bundle.tar.gz -C /app/unpacked && "
+               "echo \"files: $(tar -tzf /app/bundle.tar.gz | wc -l)\" > /app/tally.txt",
+    "locate": "mkdir -p /app/found && find /app/tree -name '*.bak' -exec mv {} /app/found/ \\;",
+}
+
+
+def test_shortcuts_and_another_tasks_oracle_fail(docker_env):
+    """No fixed command sequence solves a kind: a shortcut that skips the inspection fails, and so
+    does the oracle of another task of the same kind whose deciding value differs."""
+    assert set(SHORTCUTS) == set(G.MULTISTEP_KINDS)
+    tasks = G.generate_multistep_tasks(6 * len(G.MULTISTEP_KINDS), seed=11)
+    for task in tasks[:len(G.MULTISTEP_KINDS)]:
+        kind = task.metadata["kind"]
+        other = next(t for t in tasks if t.metadata["kind"] == kind
+                     and t.metadata["hidden"][-1] != task.metadata["hidden"][-1])
+        for cmds in ([SHORTCUTS[kind]], oracle_commands(other)):
+            with docker_env.reset(task) as term:
+                for cmd in cmds:
+                    term.run(cmd)
+                g = grading.grade(term)
+            assert g.infra_error is None and g.reward == 0.0, (task.name, cmds, g.output)
+
+
+def test_no_hidden_value_is_in_the_instruction():
+    for split in ("train", "heldout"):
+        for task in G.generate_multistep_tasks(300, seed=2, split=split):
+            hidden = task.metadata["hidden"]
+            assert hidden and len(oracle_commands(task)) >= 2, task.name
+            for value in hidden:
+                assert not mentions(task.instruction, value), (task.name, value)
+
+
+def test_splits_share_no_name_word_or_number_and_are_deterministic():
+    train = G.generate_multistep_tasks(300, seed=0)
+    held = G.generate_multistep_tasks(300, seed=0, split="heldout")
+    assert [(t.instruction, t.setup, t.solution) for t in train] == \
+        [(t.instruction, t.setup, t.solution) for t in G.generate_multistep_tasks(300, seed=0)]
+    assert {t.metadata["kind"] for t in train} == {t.metadata["kind"] for t in held} == set(G.MULTISTEP_KINDS)
+
+    def words(tasks):
+        return set(re.findall(r"[a-z]+", " ".join(t.instruction + t.setup + t.solution for t in tasks)))
+    vocab = {s: set(G._EASY_WORDS[s]) | set(G._EASY_NAMES[s]) for s in ("train", "heldout")}
+    assert not vocab["heldout"] & words(train) and not vocab["train"] & words(held)
+    assert vocab["heldout"] & words(held)
+    for kind in G.MULTISTEP_KINDS:  # a held-out count, printed number or script constant is new to its kind
+        train_numbers = {x for t in train if t.metadata["kind"] == kind for x in t.metadata["numbers"]}
+        held_numbers = {x for t in held if t.metadata["kind"] == kind for x in t.metadata["numbers"]}
+        assert not train_numbers & held_numbers, kind
+    assert sum(bool(t.metadata["numbers"]) for t in train) >= 5 * 30
+    assert {t.solution for t in G.generate_multistep_tasks(30, seed=1)} != {t.solution for t in train[:30]}
+
+
+def test_a_run_config_draws_the_family_it_names():
+    cfg = config.load_config(ROOT / "configs" / "smollm2-multistep.yaml")
+    train, held = G.load_task_sets(cfg)
+    assert {t.metadata["family"] for t in train + held} == {"multistep"}
+    assert len(held) == cfg.eval.num_tasks  # held-out tasks share instructions with train tasks, not values
+    assert {t.metadata["kind"] for t in held} == set(G.MULTISTEP_KINDS)
+    assert not {(t.instruction, t.solution) for t in held} & {(t.instruction, t.solution) for t in train}
+    cfg = config.load_config(ROOT / "configs" / "smollm2-multistep.yaml", ["data.generated_kinds=[crlf,chain]"])
+    assert {t.metadata["kind"] for t in G.load_task_sets(cfg)[0]} == {"crlf", "chain"}
+    for override, needle in [("data.generated_family=hard", "'data.generated_family' is 'hard'"),
+                             ("data.generated_kinds=[create]", "unknown kinds ['create'] of the multistep family")]:
+        with pytest.raises(config.ConfigError, match=re.escape(needle)):
+            config.load_config(ROOT / "configs" / "smollm2-multistep.yaml", [override])
