@@ -34,9 +34,7 @@ runs (on-policy, the mismatch masks depend on the log-probs of its own forward):
         masks.append(mask)                               # the tokens it trained
     den = aggregation_denominator(known if known is not None else cat(masks), cfg.agg, cfg.norm_length)
     for p in params: p.grad /= den                       # sum of micro losses / den == full loss
-
-Before the optimizer step, every micro-batch's `lp` is log π_old: the updates after the first on
-the same batch (PPO epochs) take batch.old_logprobs from those forwards (learner.rl_step).
+    # before the step each lp is log π_old: the later updates on the batch take old_logprobs from them
 """
 from __future__ import annotations
 
@@ -75,11 +73,10 @@ class Batch:
                                    belongs to, 0 ≤ k < num_chunks[b]; -1 everywhere else.
       infer_logprobs  FloatTensor  log μ(token) the inference engine reported when sampling;
                                    0 where loss_mask is 0.
-      old_logprobs    FloatTensor | None  log π_old(token), the trainer's policy before the first
-                                   update on the batch; learner.rl_step fills it from that update's
-                                   own forwards for the ones after it (rows it never forwarded
-                                   hold infer_logprobs). None means "on-policy": policy_loss then
-                                   uses the current log-probs, detached.
+      old_logprobs    FloatTensor | None  log π_old(token), the policy before the first update on
+                                   the batch, from that update's forwards (learner.rl_step; rows
+                                   never forwarded hold infer_logprobs). None means "on-policy":
+                                   policy_loss then uses the current log-probs, detached.
       ref_logprobs    FloatTensor | None  log π_ref(token), the reference policy's, for the KL term
                                    (algo.kl_coef); learner.fill_ref_logprobs fills it.
     Per trajectory [B]:
@@ -488,16 +485,12 @@ def can_move(batch: Batch, advantages, cfg: AlgoConfig) -> bool:
 
 
 def rows_that_train(batch: Batch, advantages, keep, cfg: AlgoConfig):
-    """Which rows to forward: (rows whose loss can move the weights, forwarded with grad; rows that
-    cannot, but whose trained-token mask needs π_old, forwarded once without grad; the whole
-    batch's trained-token mask when no forward is needed for it, else None).
-
-    Rows not in `keep` have empty masks and are never forwarded. Without a KL or entropy term, a
-    row whose trained tokens all have advantage 0 (a failed episode under REINFORCE, a
-    zero-variance group under GRPO) has zero gradient under every loss here. Its tokens still count
-    in the loss denominator, and a mismatch mask ("token_mask", "chunk_mask") decides which of them
-    do from π_old/μ: until π_old is known (batch.old_logprobs), such a row is the second kind, and
-    the first kind are the rows with signal before any mismatch mask."""
+    """(rows whose loss can move the weights: forward with grad; rows that cannot but whose mask needs
+    π_old: forward once without grad; the whole batch's trained-token mask if known without a
+    forward, else None). Rows not in `keep` have empty masks and are never forwarded. Without a KL
+    or entropy term, a row whose trained tokens all have advantage 0 (a failure under REINFORCE, a
+    zero-variance group under GRPO) has zero gradient under every loss here, yet its tokens count
+    in the denominator, and "token_mask" / "chunk_mask" pick which from π_old/μ."""
     rows = [i for i in range(len(batch)) if keep[i]]
     if cfg.kl_coef or cfg.entropy_coef:
         return rows, [], None
@@ -645,8 +638,7 @@ def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
 def gspo_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
     """GSPO-token: s_i = exp(mean_{t∈i} log π_θ/π_old) (sequence geometric-mean ratio) carried by
     every token as s_i,t = sg[s_i]·π_θ(t)/sg[π_θ(t)], clipped at sequence level; equals GSPO when
-    a row's advantages are equal, and allows per-chunk G_k. The mean runs over `mask`, every sampled
-    token of the row. Returns as ppo_clip_loss."""
+    a row's advantages are equal, and allows per-chunk G_k; the mean is over all of `mask`. Returns as ppo_clip_loss."""
     log_ratio = _log_ratio(logprobs, old_logprobs, mask)
     seq = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(seq[:, None] + logprobs - logprobs.detach())
@@ -657,9 +649,8 @@ def gspo_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
 def ipa_chunk_loss(logprobs, old_logprobs, advantages, mask, chunk_ids, positive=None):
     """IPA chunk-level REINFORCE (Eqs. 5, 8, 9): −w_c·G_t·log π_θ(t) with w_c = 1 on T+ rows
     (`positive` [B], default: positive advantage; no importance weight) and w_c = sg[clip(ρ_c, 0, 1)]
-    on T−, ρ_c = exp(mean_{t∈c} log π_θ(t)/π_old(t)) (Eq. 8) over every sampled token of chunk c
-    (`mask`: a token a mismatch mask drops still counts in its chunk's ρ_c). Returns (loss, ρ_c per
-    token, clipped_low (never), clipped_high = T− tokens whose ρ_c was cut to 1)."""
+    on T−, ρ_c = exp(mean_{t∈c} log π_θ(t)/π_old(t)) (Eq. 8) over all of chunk c's `mask`. Returns
+    (loss, ρ_c per token, clipped_low (never), clipped_high = T− tokens whose ρ_c was cut to 1)."""
     rho = _exp(chunk_mean(_log_ratio(logprobs.detach(), old_logprobs, mask), chunk_ids, mask))
     positive = (trajectory_sign(advantages) > 0 if positive is None else positive)[:, None]
     weight = torch.where(positive, torch.ones_like(rho), rho.clamp(max=1.0))
@@ -673,9 +664,9 @@ def imitation_loss(logprobs, weight):
 
 
 def k3_kl(logprobs, ref_logprobs):
-    """Schulman's k3 estimator of KL(π_θ‖π_ref) per token: e^(ref−lp) − (ref−lp) − 1 (≥ 0). Only
-    the exponent is clamped (against overflow): d itself keeps its gradient 1 − e^d where π_θ has
-    drifted furthest above π_ref (tests/test_algo.py::test_k3_kl_keeps_its_gradient_where_the_policy_drifted_furthest)."""
+    """Schulman's k3 estimator of KL(π_θ‖π_ref) per token: e^d − d − 1 (≥ 0), d = ref − lp. Only the
+    exponent is clamped: d keeps its gradient (tests/test_algo.py::
+    test_k3_kl_keeps_its_gradient_where_the_policy_drifted_furthest)."""
     d = ref_logprobs - logprobs
     return torch.exp(d.clamp(max=MAX_LOG_RATIO)) - d - 1
 
@@ -727,8 +718,7 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     reduced once by `aggregate` over sampled ∪ prefilled trained tokens. PG is cfg.loss's
     per-token loss times the mismatch IS weight. `keep` [B] and `denominator` default to this
     batch's own (pass the full batch's when micro-batching). Returns (scalar loss, float metrics,
-    the trained-token mask [B,T] it reduced over: sampled tokens that train + prefilled ones, whose
-    aggregation_denominator is this batch's denominator).
+    the trained-token mask [B,T] it reduced over: its aggregation_denominator is the batch's).
 
     Metrics (plain floats; a mean over an empty set is 0.0):
       loss = rl_coef·pg_loss + imitation_coef·imitation_loss + kl_coef·kl_loss
@@ -760,8 +750,7 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     advantages = advantages.detach()
     rl, il, is_weight, metrics = train_masks(batch, advantages, cfg, old, keep)
 
-    # ratios over every sampled token: GSPO's s_i and IPA's ρ_c (Eq. 8) are means over the whole
-    # sequence / chunk, mismatch-masked tokens included (only the loss is restricted to rl)
+    # GSPO's s_i and IPA's ρ_c (Eq. 8) average the whole sequence / chunk, mismatch-masked tokens too
     sampled = batch.loss_mask.float() * batch.valid[:, None]
     if cfg.loss == "ppo":
         pg, ratio, lo, hi = ppo_clip_loss(logprobs, old, advantages, sampled, cfg.clip_low, cfg.clip_high)
