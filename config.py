@@ -1,5 +1,7 @@
 """termrl's run configuration: nested dataclasses with every knob and its default, read from YAML
-and `--set a.b=v` overrides. An unknown or mistyped key is an error that names the closest valid one.
+and `--set a.b=v` overrides. An unknown or mistyped key is an error that names the closest valid one,
+a number outside its range (`Annotated[float, "> 0"]` beside the key; RANGES for rollout:/algo:)
+one that names the range.
 A file may start from another (`base: tiny.yaml`, relative to the file) and state only what differs;
 mappings merge key by key, anything else replaces.
 
@@ -8,10 +10,12 @@ mappings merge key by key, anything else replaces.
 """
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 
@@ -24,141 +28,141 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    path: str = "out/tiny"                 # Hugging Face model directory (or a name in the local HF cache)
-    build_tiny: bool = False               # build tiny.py's model into `path` first (no downloads)
-    fetch: str = ""                        # the command that makes `path` (e.g. a conversion script): a missing
-    #                                        path's error names it instead of a hub download
-    tiny: dict = field(default_factory=dict)  # extra kwargs for tiny.build_tiny_model (hidden_size, ...)
-    lora: bool = False                     # train a LoRA adapter (peft) instead of all weights
-    lora_rank: int = 16                    # adapter rank: capacity vs memory (and vLLM's max_lora_rank)
-    lora_alpha: int = 32                   # adapter scale alpha/rank: the adapter's effective step size
-    lora_dropout: float = 0.0              # dropout on the adapter's input (regularises small data)
+    path: str = "out/tiny"                          # Hugging Face model directory (or a name in the local HF cache)
+    build_tiny: bool = False                        # build tiny.py's model into `path` first (no downloads)
+    fetch: str = ""                                 # the command that makes `path` (e.g. a conversion script):
+    #                                                 a missing path's error names it instead of a hub download
+    tiny: dict = field(default_factory=dict)        # extra kwargs for tiny.build_tiny_model (hidden_size, ...)
+    lora: bool = False                              # train a LoRA adapter (peft) instead of all weights
+    lora_rank: Annotated[int, ">= 1"] = 16          # adapter rank: capacity vs memory (and vLLM's max_lora_rank)
+    lora_alpha: Annotated[int, ">= 1"] = 32         # adapter scale alpha/rank: the adapter's effective step size
+    lora_dropout: Annotated[float, "[0, 1)"] = 0.0  # dropout on the adapter's input (regularises small data)
     lora_target_modules: list[str] = field(default_factory=lambda: [  # the layers that get adapters
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    gradient_checkpointing: bool = False   # recompute activations in backward: less memory, one more forward
-    dtype: str = "auto"                    # auto = bf16 on GPU, fp32 on CPU; or float32 / bfloat16
+    gradient_checkpointing: bool = False            # recompute activations in backward: less memory, one more forward
+    dtype: str = "auto"                             # auto = bf16 on GPU, fp32 on CPU; or float32 / bfloat16
 
 
 @dataclass
 class EngineConfig:
-    kind: str = "vllm"                     # vllm | hf (transformers generate; slow, no vLLM needed)
-    gpu_memory_utilization: float = 0.5    # colocated with the trainer: leave room for it
-    cpu_kvcache_gb: int = 1                # VLLM_CPU_KVCACHE_SPACE on CPU
-    max_model_len: int = 4096              # longest sequence the engine serves (>= rollout.max_context)
-    enforce_eager: bool = True             # CUDA graphs cost start-up time and memory for little gain here
-    sleep: bool = True                     # train.mode sync: free the engine's GPU memory while the trainer steps;
-    #                                        false when both fit, to skip the reload each step (no effect on CPU)
-    extra: dict = field(default_factory=dict)  # passed to the engine constructor as is
+    kind: str = "vllm"                                        # vllm | hf (transformers generate; slow, no vLLM needed)
+    gpu_memory_utilization: Annotated[float, "(0, 1]"] = 0.5  # colocated with the trainer: leave room for it
+    cpu_kvcache_gb: Annotated[int, ">= 1"] = 1                # VLLM_CPU_KVCACHE_SPACE on CPU
+    max_model_len: Annotated[int, ">= 1"] = 4096              # longest sequence the engine serves (>= rollout.max_context)
+    enforce_eager: bool = True                                # CUDA graphs cost start-up time and memory for little gain here
+    sleep: bool = True                                        # train.mode sync: free the engine's GPU memory while the trainer steps;
+    #                                                           false when both fit, to skip the reload each step (no effect on CPU)
+    extra: dict = field(default_factory=dict)                 # passed to the engine constructor as is
 
 
 @dataclass
 class DataConfig:
-    train_tasks: str = "generated"         # "generated" (drawn from generated_family) or a task dir / list file
-    eval_tasks: str = "generated"          # same, drawn with eval_split / eval_seed
-    num_generated_train: int = 64          # train tasks drawn from the generated family
-    num_generated_eval: int = 32           # eval tasks drawn (those repeating a train instruction and oracle are dropped)
-    generated_seed: int = 0                # which generated train tasks (another seed, another draw)
-    eval_split: str = "heldout"            # generated eval tasks: "heldout" = unseen names and words;
-    #                                        "train" = the train vocabulary in new combinations (eval_seed)
+    train_tasks: str = "generated"                       # "generated" (drawn from generated_family) or a task dir / list file
+    eval_tasks: str = "generated"                        # same, drawn with eval_split / eval_seed
+    num_generated_train: Annotated[int, ">= 1"] = 64     # train tasks drawn from the generated family
+    num_generated_eval: Annotated[int, ">= 0"] = 32      # eval tasks drawn (those repeating a train instruction and oracle are dropped)
+    generated_seed: int = 0                              # which generated train tasks (another seed, another draw)
+    eval_split: str = "heldout"                          # generated eval tasks: "heldout" = unseen names and words;
+    #                                                      "train" = the train vocabulary in new combinations (eval_seed)
     eval_seed: int = 0
-    generated_family: str = "easy"         # the generated tasks: easy (one command each, the tiny demo's) |
-    #                                        multistep (the value the last command needs is seen only in an earlier output)
+    generated_family: str = "easy"                       # the generated tasks: easy (one command each, the tiny demo's) |
+    #                                                      multistep (the value the last command needs is seen only in an earlier output)
     generated_kinds: list = field(default_factory=list)  # kinds of that family to generate (train and eval); [] = all
-    strict_tasks: bool = False             # a malformed task in train_tasks / eval_tasks is an error, not skipped
+    strict_tasks: bool = False                           # a malformed task in train_tasks / eval_tasks is an error, not skipped
 
 
 @dataclass
 class EnvConfig:
     # the three networks of README "Running official Terminal-Bench tasks": default = the daemon's
     # network where it has one; none; or a docker network name
-    build_network: str = "default"         # image builds (Dockerfiles apt-get / pip install)
-    agent_network: str = "none"            # the agent's container, for tasks that allow_internet; none = always offline
-    #                                        (tests/test_real_tasks.py::test_build_and_grading_reach_the_registry_the_agent_does_not)
-    grading_network: str = "default"       # joined once the agent's processes are gone, by tasks whose tests fetch their runner
-    multi_reward: str = "mean"             # Harbor reward.json with several keys and no "reward": mean | min | error
-    warm: int = 0                          # containers kept started ahead per container config: a reset then skips
-    #                                        the container start (bench/bench_env.py: cold vs warm reset)
-    hosts: list = field(default_factory=list)  # Docker hosts for the sandboxes, "URL[,capacity=N][,labels=a:b][,tls=DIR]"
-    #                                        each (README "Sandboxes on several Docker hosts"); [] = DOCKER_HOST's daemon alone
-    hosts_down_wait_s: float = 120.0       # every host silent this long: the run stops (one down host never stops it:
-    #                                        tests/test_hosts.py::test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other)
+    build_network: str = "default"                      # image builds (Dockerfiles apt-get / pip install)
+    agent_network: str = "none"                         # the agent's container, for tasks that allow_internet; none = always offline
+    #                                                     (tests/test_real_tasks.py::test_build_and_grading_reach_the_registry_the_agent_does_not)
+    grading_network: str = "default"                    # joined once the agent's processes are gone, by tasks whose tests fetch their runner
+    multi_reward: str = "mean"                          # Harbor reward.json with several keys and no "reward": mean | min | error
+    warm: Annotated[int, ">= 0"] = 0                    # containers kept started ahead per container config: a reset then skips
+    #                                                     the container start (bench/bench_env.py: cold vs warm reset)
+    hosts: list = field(default_factory=list)           # Docker hosts for the sandboxes, "URL[,capacity=N][,labels=a:b][,tls=DIR]"
+    #                                                     each (README "Sandboxes on several Docker hosts"); [] = DOCKER_HOST's daemon alone
+    hosts_down_wait_s: Annotated[float, "> 0"] = 120.0  # every host silent this long: the run stops (one down host never stops it:
+    #                                                     tests/test_hosts.py::test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other)
 
 
 @dataclass
 class SFTConfig:
-    steps: int = 0                         # optimizer steps of SFT warm start on oracle trajectories; 0 = none
-    num_tasks: int = 64                    # oracle trajectories collected from the train tasks
-    batch_size: int = 16                   # trajectories per optimizer step
-    lr: float = 1e-3                       # SFT's AdamW peak lr (cosine decay to 10% over sft.steps)
-    warmup_steps: int = 5                  # linear warmup steps before that peak
-    val_tasks: int = 0                     # oracle trajectories of train tasks SFT never sees (the last ones)
-    val_every: int = 10                    # ... scored every this many steps: val_nll and val_oracle_prob
-    stop_at_val_prob: float = 0.0          # end SFT early once val_oracle_prob (the chance the policy samples a
-    #                                        val oracle trajectory exactly) reaches this; 0 = all sft.steps
-    keep_moments: bool = True              # RL's AdamW starts from SFT's moments (its own lr and schedule):
-    #                                        a fresh Adam's first steps move every weight by ~lr (sign-like)
+    steps: Annotated[int, ">= 0"] = 0                   # optimizer steps of SFT warm start on oracle trajectories; 0 = none
+    num_tasks: Annotated[int, ">= 1"] = 64              # oracle trajectories collected from the train tasks
+    batch_size: Annotated[int, ">= 1"] = 16             # trajectories per optimizer step
+    lr: Annotated[float, "> 0"] = 1e-3                  # SFT's AdamW peak lr (cosine decay to 10% over sft.steps)
+    warmup_steps: Annotated[int, ">= 0"] = 5            # linear warmup steps before that peak
+    val_tasks: Annotated[int, ">= 0"] = 0               # oracle trajectories of train tasks SFT never sees (the last ones)
+    val_every: Annotated[int, ">= 1"] = 10              # ... scored every this many steps: val_nll and val_oracle_prob
+    stop_at_val_prob: Annotated[float, "[0, 1)"] = 0.0  # end SFT early once val_oracle_prob (the chance the policy samples a
+    #                                                     val oracle trajectory exactly) reaches this; 0 = all sft.steps
+    keep_moments: bool = True                           # RL's AdamW starts from SFT's moments (its own lr and schedule):
+    #                                                     a fresh Adam's first steps move every weight by ~lr (sign-like)
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 20                        # RL steps (one rollout batch + one update each)
-    tasks_per_step: int = 4                # distinct tasks per step ...
-    group_size: int = 4                    # ... each rolled out this many times (the GRPO group)
-    lr: float = 1e-5                       # RL's AdamW lr
-    lr_schedule: str = "constant"          # constant | cosine (after linear warmup)
-    warmup_steps: int = 0                  # linear warmup steps before train.lr
-    weight_decay: float = 0.0              # AdamW's decoupled weight decay (SFT and RL)
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2), SFT and RL
-    grad_clip: float = 1.0                 # max global gradient norm; 0 = no clipping
-    micro_batch_tokens: int = 8192         # padded tokens per forward/backward (micro-batches by budget)
-    updates_per_step: int = 1              # optimizer steps per rollout batch (>1: each step after the first
-                                           # measures its ratios against π_old, as PPO epochs)
-    mode: str = "sync"                     # sync (on-policy) | async (rollouts overlap training)
-    max_staleness: int = 1                 # async: drop trajectories > this many versions old
-    parallel: str = "ddp"                  # under torchrun: ddp | fsdp
-    collective_timeout_min: float = 180.0  # under torchrun: how long a rank waits in a collective before the run
-    #                                        stops; it must cover one rank's rollouts finishing after another's and
-    #                                        a checkpoint's writes (torch's own default: 10 min NCCL, 30 gloo)
-    sync_check: bool = True                # after each sync, compare engine and trainer log-probs
-    log_entropy: bool = True               # entropy metric (a softmax over the vocab per token)
+    steps: Annotated[int, ">= 0"] = 20                       # RL steps (one rollout batch + one update each)
+    tasks_per_step: Annotated[int, ">= 1"] = 4               # distinct tasks per step ...
+    group_size: Annotated[int, ">= 1"] = 4                   # ... each rolled out this many times (the GRPO group)
+    lr: Annotated[float, "> 0"] = 1e-5                       # RL's AdamW lr
+    lr_schedule: str = "constant"                            # constant | cosine (after linear warmup)
+    warmup_steps: Annotated[int, ">= 0"] = 0                 # linear warmup steps before train.lr
+    weight_decay: Annotated[float, ">= 0"] = 0.0             # AdamW's decoupled weight decay (SFT and RL)
+    adam_betas: Annotated[list[float], "[0, 1)"] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2), SFT and RL
+    grad_clip: Annotated[float, ">= 0"] = 1.0                # max global gradient norm; 0 = no clipping
+    micro_batch_tokens: Annotated[int, ">= 1"] = 8192        # padded tokens per forward/backward (micro-batches by budget)
+    updates_per_step: Annotated[int, ">= 1"] = 1             # optimizer steps per rollout batch (>1: each step after the
+                                                             # first measures its ratios against π_old, as PPO epochs)
+    mode: str = "sync"                                       # sync (on-policy) | async (rollouts overlap training)
+    max_staleness: Annotated[int, ">= 0"] = 1                # async: drop trajectories > this many versions old
+    parallel: str = "ddp"                                    # under torchrun: ddp | fsdp
+    collective_timeout_min: Annotated[float, "> 0"] = 180.0  # under torchrun: how long a rank waits in a collective before the run
+    #                                                          stops; it must cover one rank's rollouts finishing after another's and
+    #                                                          a checkpoint's writes (torch's own default: 10 min NCCL, 30 gloo)
+    sync_check: bool = True                                  # after each sync, compare engine and trainer log-probs
+    log_entropy: bool = True                                 # entropy metric (a softmax over the vocab per token)
 
 
 @dataclass
 class EvalConfig:
-    every: int = 5                         # RL steps between evals (0 = only at start and end)
-    num_tasks: int = 32                    # held-out tasks per eval (<= data.num_generated_eval)
-    temperature: float = 0.0               # 0 = greedy: a stable success figure
-    samples: int = 1                       # episodes per task (with temperature > 0: pass@1 over k samples)
-    at_start: bool = True                  # eval before the first RL step: the baseline every gain is measured from
+    every: Annotated[int, ">= 0"] = 5            # RL steps between evals (0 = only at start and end)
+    num_tasks: Annotated[int, ">= 0"] = 32       # held-out tasks per eval (<= data.num_generated_eval)
+    temperature: Annotated[float, ">= 0"] = 0.0  # 0 = greedy: a stable success figure
+    samples: Annotated[int, ">= 1"] = 1          # episodes per task (with temperature > 0: pass@1 over k samples)
+    at_start: bool = True                        # eval before the first RL step: the baseline every gain is measured from
 
 
 @dataclass
 class CheckpointConfig:
-    every: int = 5                         # RL steps between checkpoints (and always at the end)
-    keep_last: int = 3                     # checkpoints kept besides step 0 (the SFT-only start, always kept:
+    every: Annotated[int, ">= 1"] = 5      # RL steps between checkpoints (and always at the end)
+    keep_last: Annotated[int, ">= 0"] = 3  # checkpoints kept besides step 0 (the SFT-only start, always kept:
     #                                        tests/test_train.py::test_keep_last_keeps_the_sft_only_start)
 
 
 @dataclass
 class Config:
-    run_name: str = "run"                  # names runs/<run_name> (and the curves)
-    out_dir: str = ""                      # default runs/<run_name>
-    seed: int = 0                          # torch, Python, data order, tiny model init, episodes and the engine
-    device: str = "auto"                   # auto | cpu | cuda
+    run_name: str = "run"                        # names runs/<run_name> (and the curves)
+    out_dir: str = ""                            # default runs/<run_name>
+    seed: int = 0                                # torch, Python, data order, tiny model init, episodes and the engine
+    device: str = "auto"                         # auto | cpu | cuda
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     data: DataConfig = field(default_factory=DataConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    rollout: dict = field(default_factory=dict)   # -> rollout.RolloutConfig (checked against it)
-    algo: dict = field(default_factory=dict)      # -> algo.AlgoConfig (checked against it)
+    rollout: dict = field(default_factory=dict)  # -> rollout.RolloutConfig (checked against it)
+    algo: dict = field(default_factory=dict)     # -> algo.AlgoConfig (checked against it)
     sft: SFTConfig = field(default_factory=SFTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    tensorboard: bool = True                # when tensorboard is installed
-    verbose: bool = False                   # third-party INFO/WARNING logs (vLLM's start-up, every weight reload):
-    #                                         on to debug an engine; errors show either way
-    plot: bool = True                       # PNG of curves at the end, when matplotlib is installed
+    tensorboard: bool = True                     # when tensorboard is installed
+    verbose: bool = False                        # third-party INFO/WARNING logs (vLLM's start-up, every weight reload):
+    #                                              on to debug an engine; errors show either way
+    plot: bool = True                            # PNG of curves at the end, when matplotlib is installed
 
 
 def _all_keys(cls, prefix="") -> list[str]:
@@ -213,6 +217,58 @@ def _coerce(value, tp, key):
         return value
     raise ConfigError(f"config key '{key}' expects {getattr(tp, '__name__', tp)}, got {value!r} "
                       f"({type(value).__name__})")
+
+
+# the allowed values of the rollout: and algo: keys, whose dataclasses live in rollout.py and algo.py
+# (algo.AlgoConfig checks gamma, the clip bounds, mismatch_cap / floor, norm_length itself)
+RANGES = {
+    "rollout.max_turns":               ">= 1",
+    "rollout.max_tokens_per_turn":     ">= 1",
+    "rollout.max_context":             ">= 1",
+    "rollout.temperature":             ">= 0",
+    "rollout.top_p":                   "(0, 1]",
+    "rollout.top_k":                   ">= -1",
+    "rollout.command_timeout_s":       "> 0",
+    "rollout.max_command_timeouts":    ">= 1",
+    "rollout.max_invalid_turns":       ">= 1",
+    "rollout.episode_timeout_s":       "> 0",
+    "rollout.group_redundancy":        ">= 0",
+    "rollout.num_workers":             ">= 1",
+    "rollout.prefill_prob":            "[0, 1]",
+    "algo.std_eps":                    ">= 0",
+    "algo.kl_coef":                    ">= 0",
+    "algo.entropy_coef":               ">= 0",
+    "algo.rl_coef":                    ">= 0",
+    "algo.imitation_coef":             ">= 0",
+    "algo.max_negative_tokens":        ">= 1",
+}
+
+
+def _allows(spec: str, x: float) -> bool:
+    """Whether x lies in spec: "> 0", ">= 1", or an interval "[0, 1)" ([ ] closed, ( ) open)."""
+    if m := re.fullmatch(r"(>=|>)\s*(\S+)", spec):
+        return x >= float(m[2]) if m[1] == ">=" else x > float(m[2])
+    lo_b, lo, hi, hi_b = re.fullmatch(r"([\[(])\s*(\S+),\s*(\S+)\s*([\])])", spec).groups()
+    return (x >= float(lo) if lo_b == "[" else x > float(lo)) and (x <= float(hi) if hi_b == "]" else x < float(hi))
+
+
+def check_range(key: str, value, spec: str):
+    """A ConfigError naming key, value and allowed range when value (each item of a list) is outside
+    it; None (where a key allows it) is always in range."""
+    for x in value if isinstance(value, list) else [value]:
+        if x is not None and not _allows(spec, x):
+            raise ConfigError(f"config key '{key}' is {value!r}; allowed: {spec}")
+
+
+def check_ranges(obj, prefix: str = ""):
+    """check_range on every key of dataclass obj (nested ones too) declared with a range."""
+    hints = typing.get_type_hints(type(obj), include_extras=True)
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            check_ranges(value, prefix + f.name + ".")
+        elif typing.get_origin(hints[f.name]) is Annotated:
+            check_range(prefix + f.name, value, hints[f.name].__metadata__[0])
 
 
 def _unknown(key: str, valid: list[str], all_valid: list[str]) -> ConfigError:
@@ -295,6 +351,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     raw = read_config_file(Path(path)) if path else {}
     raw = deep_merge(raw, parse_overrides(list(overrides)))
     cfg = dataclass_from_dict(Config, raw)
+    check_ranges(cfg)
     rollout_cfg(cfg), algo_cfg(cfg)  # validate the nested sections now, not at step 1
     for name, val, allowed in [("train.mode", cfg.train.mode, ("sync", "async")),
                                ("train.parallel", cfg.train.parallel, ("ddp", "fsdp")),
@@ -312,16 +369,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         if bad := [k for k in cfg.data.generated_kinds if k not in kinds]:
             raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad} of the "
                               f"{cfg.data.generated_family} family (data.generated_family); choose from {kinds}")
-    if cfg.train.group_size < 1 or cfg.train.tasks_per_step < 1:
-        raise ConfigError("train.group_size and train.tasks_per_step must be >= 1")
-    if not 0.0 <= cfg.sft.stop_at_val_prob < 1.0:
-        raise ConfigError(f"sft.stop_at_val_prob must be in [0, 1), got {cfg.sft.stop_at_val_prob}")
     if cfg.sft.stop_at_val_prob and cfg.sft.val_tasks < 1:
         raise ConfigError("sft.stop_at_val_prob needs validation trajectories: set sft.val_tasks >= 1")
-    if cfg.sft.val_every < 1:
-        raise ConfigError(f"sft.val_every must be >= 1, got {cfg.sft.val_every}")
-    if cfg.train.micro_batch_tokens < 1:
-        raise ConfigError("train.micro_batch_tokens must be >= 1")
     if not cfg.out_dir:
         cfg.out_dir = f"runs/{cfg.run_name}"
     return cfg
@@ -338,13 +387,20 @@ def rollout_cfg(cfg: Config):
         raise ConfigError(f"config key 'rollout.{clash[0]}' is set from '{RUN_SETS[clash[0]]}' in a run; "
                           f"set that instead")
     rcfg = dataclass_from_dict(rollout.RolloutConfig, cfg.rollout, "rollout.")
+    for f in dataclasses.fields(rcfg):
+        if spec := RANGES.get(f"rollout.{f.name}"):
+            check_range(f"rollout.{f.name}", getattr(rcfg, f.name), spec)
     return dataclasses.replace(rcfg, seed=cfg.seed, group_size=cfg.train.group_size,
                                max_staleness=cfg.train.max_staleness if cfg.train.mode == "async" else None)
 
 
 def algo_cfg(cfg: Config):
     import algo  # costly (torch), as rollout above
-    return dataclass_from_dict(algo.AlgoConfig, cfg.algo, "algo.")
+    acfg = dataclass_from_dict(algo.AlgoConfig, cfg.algo, "algo.")
+    for f in dataclasses.fields(acfg):
+        if spec := RANGES.get(f"algo.{f.name}"):
+            check_range(f"algo.{f.name}", getattr(acfg, f.name), spec)
+    return acfg
 
 
 def config_to_dict(cfg) -> dict:

@@ -3,7 +3,7 @@
 One episode: a system prompt describing two tools (`bash`, `submit`) and the task instruction,
 rendered with the tokenizer's chat template (chat.py). Each assistant turn is one chunk (reasoning
 + one `<tool_call>` JSON block, the Qwen format), sampled by a policy.Policy or replayed from an
-expert; the command runs in the task's container (env.py) and its output comes back as a tool
+expert; the command runs in the task's container (terminal.py) and its output comes back as a tool
 message. The episode ends with one of FINISH_REASONS, then the hidden tests grade the container.
 
 Token bookkeeping is token-in/token-out: sampled ids are appended exactly as the engine produced

@@ -3,17 +3,22 @@
     runs/<name>/checkpoints/step_<N>/{model/, trainer.pt, meta.json}   latest -> step_<N>
     runs/<name>/metrics.jsonl  *trajectories*.jsonl  (tb/ with TensorBoard)  curves.png  summary.txt
 
-A run directory is never clobbered (claim_run_dir). meta.json holds a sha256 per checkpoint file
-and the size of every *.jsonl log when the checkpoint was saved: a resume (resume_checkpoint)
-takes the newest checkpoint whose files still match and cuts the logs back to those sizes, so
-no row is lost or appears twice.
+A run directory is never clobbered and has one writer (claim_run_dir, RunLock: writer.lock).
+meta.json holds a sha256 per checkpoint file and the size and sha256 of every *.jsonl log when
+the checkpoint was saved: a resume (resume_checkpoint) takes the newest checkpoint whose files
+and logs still match and cuts the logs back to those sizes, so no row is lost or appears twice.
+A checkpoint that cannot be written (a full disk) leaves nothing behind and the ones before it whole.
 """
+import errno
+import fcntl
 import hashlib
 import json
 import math
 import os
 import random
+import re
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -23,31 +28,79 @@ from pathlib import Path
 # the run directory: never clobbered, moved aside (never deleted) to start over
 
 
-def claim_run_dir(out: Path, resume: bool, restart: bool):
-    """Call before anything is written to `out`, in one process of the run (train.py: rank 0). A
-    directory holding a run is continued with --resume, moved to <out>.<date-time> with --restart
-    (also by --resume when it holds no checkpoint), and otherwise refused.
+LOCK = "writer.lock"  # in the run directory: the pid and host of the process writing it
+
+
+class RunLock:
+    """The one process writing a run directory: a POSIX lock on <out>/writer.lock, which records
+    its pid and host. The kernel drops the lock when that process ends however it ends (SIGKILL
+    too), so a lock file left by a dead process is free to take; the file itself is never deleted
+    (deleting it would let a second writer lock a new file while the first holds the old one).
+    tests/test_rundir.py::test_a_second_process_on_a_run_is_refused_naming_the_writer"""
+
+    def __init__(self, out: Path):
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / LOCK
+        self.fh = open(self.path, "a+")
+        try:
+            fcntl.lockf(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.fh.close()
+            raise SystemExit(f"{out} is being written by {writer(out)}: a second process would interleave its "
+                             f"records and checkpoints with that one's. Wait for it to end or stop it, or set "
+                             f"another run_name / out_dir.") from None
+        self.fh.truncate(0)
+        self.fh.write(f"{os.getpid()} {socket.gethostname()}\n")
+        self.fh.flush()
+
+    def close(self):
+        self.fh.close()  # releases the lock
+
+
+def writer(out: Path) -> str:
+    """Who holds out's lock, as its lock file names it."""
+    try:
+        pid, host = (out / LOCK).read_text().split()
+    except (OSError, ValueError):
+        return "another process (its pid is not written yet)"
+    return f"process {pid}" + ("" if host == socket.gethostname() else f" on {host}")
+
+
+def _holds_run(out: Path) -> bool:
+    return out.is_dir() and any(p.name != LOCK for p in out.iterdir())
+
+
+def claim_run_dir(out: Path, resume: bool, restart: bool) -> RunLock:
+    """Lock `out` for this process (RunLock; a second writer is refused naming the first), before
+    anything is written to it, in one process of the run (train.py: rank 0). A directory holding
+    a run is continued with --resume, moved to <out>.<date-time> with --restart (also by --resume
+    when it holds no checkpoint), and otherwise refused.
     tests/test_rundir.py::test_an_existing_run_is_refused_or_moved_aside_never_clobbered"""
     if resume and restart:
         raise SystemExit("--resume continues the run in out_dir and --restart starts it over: pass one of them")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
     ckpts = sorted((out / "checkpoints").glob("step_*"))
-    if resume and ckpts:
-        return
-    if not (resume or restart):
+    if _holds_run(out) and not (resume or restart):  # refused without writing anything
         metrics = out / "metrics.jsonl"
         held = [f"{len(metrics.read_text().splitlines())} metrics records" if metrics.exists() else "no metrics",
                 f"checkpoints up to {ckpts[-1].name}" if ckpts else "no checkpoint"]
         raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Pass --resume to continue it from "
                          f"its latest checkpoint, or --restart to start over (the old run is moved to "
                          f"{out}.<date-time>, nothing is deleted), or set another run_name / out_dir.")
+    lock = RunLock(out)
+    ckpts = sorted((out / "checkpoints").glob("step_*"))  # again, now that no one else writes
+    if not _holds_run(out) or (resume and ckpts):
+        return lock
     aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     while aside.exists():
         aside = aside.with_name(aside.name + "x")
-    os.rename(out, aside)
+    os.rename(out, aside)  # the lock moves with it, held until the new directory's is
+    try:
+        new = RunLock(out)
+    finally:
+        lock.close()
     why = f"--resume found no checkpoint in {out / 'checkpoints'}" if resume else "--restart"
     print(f"{why}: the old run is now {aside}; starting over in {out}", file=sys.stderr)
+    return new
 
 
 # -----------------------------------------------------------------------------------------------
@@ -68,21 +121,61 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def log_sizes(out: Path) -> dict:
-    """Bytes in each *.jsonl log of the run directory (every log is appended to, never rewritten)."""
-    return {p.name: p.stat().st_size for p in sorted(out.glob("*.jsonl"))}
+def _prefix_sha256(path: Path, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while size > 0 and (chunk := f.read(min(size, 1 << 20))):
+            h.update(chunk)
+            size -= len(chunk)
+    return h.hexdigest()
+
+
+def log_digests(out: Path) -> dict:
+    """{name: {"size", "sha256"}} of each *.jsonl log of the run directory (every log is appended
+    to, never rewritten, so a later checkpoint's digest covers a longer prefix of the same bytes)."""
+    return {p.name: {"size": (n := p.stat().st_size), "sha256": _prefix_sha256(p, n)} for p in sorted(out.glob("*.jsonl"))}
+
+
+def _log_problem(out: Path, logs: dict) -> str | None:
+    """What keeps the run's logs from being the ones checkpoint meta `logs` recorded: one cut short
+    (a resume from it would lose the records past the cut) or changed before the recorded size."""
+    for name, rec in logs.items():
+        size, digest = (rec, None) if isinstance(rec, int) else (rec["size"], rec["sha256"])  # older: sizes only
+        path = out / name
+        held = path.stat().st_size if path.exists() else 0
+        if held < size:
+            return (f"{name} holds {held} bytes, {size} when it was saved: cut short, it lost records this "
+                    f"checkpoint's steps wrote")
+        if digest and _prefix_sha256(path, size) != digest:
+            return f"{name}'s first {size} bytes differ from the ones recorded when it was saved (rewritten)"
+    return None
 
 
 def _write_atomic(path: Path, text: str):
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     fd = os.open(path.parent, os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
+
+
+def _disk_full(e: BaseException | None, where: Path) -> bool:
+    """Whether error e (or one it was raised from) says the disk is full, or the disk holding
+    `where` has next to nothing left: torch.save reports a full disk as "unexpected pos", never ENOSPC."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or re.search(
+                r"No space left|Disk quota exceeded|os error (28|122)\b", str(e)):
+            return True
+        e = e.__cause__ or e.__context__
+    usage = shutil.disk_usage(where)
+    return usage.free < min(64 << 20, usage.total // 20)
 
 
 def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_last: int) -> Path:
@@ -90,26 +183,40 @@ def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_l
 
     `write_model(dir)` saves the model or adapter (plus tokenizer) loadable as is by
     transformers / peft / vLLM. A kill at any moment leaves `latest` naming a complete checkpoint.
-    meta.json records each file's sha256 and the sizes of the run's logs (the *.jsonl beside
-    checkpoints/), which resume_checkpoint cuts them back to: write a step's records before its
-    checkpoint, so a kill between the two cannot lose them.
+    meta.json records each file's sha256 and the sizes and sha256 of the run's logs (the *.jsonl
+    beside checkpoints/), which resume_checkpoint checks and cuts them back to: write a step's
+    records before its checkpoint, so a kill between the two cannot lose them. A write that fails
+    removes what it wrote, and on a full disk ends the run with one line saying so: the checkpoints
+    before it are untouched (tests/test_rundir.py::test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint).
     """
     import torch
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = ckpt_root / f".tmp-step_{step:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    write_model(tmp / "model")
-    torch.save(state, tmp / "trainer.pt")
-    sha = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time(), "sha256": sha,
-                                               "logs": log_sizes(ckpt_root.parent)}))
-    _fsync_tree(tmp)
-    if final.exists():  # re-saving a step after a resume: the old copy is equivalent
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _write_atomic(ckpt_root / "latest", final.name + "\n")
+    try:
+        tmp.mkdir()
+        write_model(tmp / "model")
+        torch.save(state, tmp / "trainer.pt")
+        sha = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time(), "sha256": sha,
+                                                   "logs": log_digests(ckpt_root.parent)}))
+        _fsync_tree(tmp)
+        if final.exists():  # re-saving a step after a resume: the old copy is equivalent
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _write_atomic(ckpt_root / "latest", final.name + "\n")
+    except Exception as e:  # not a KeyboardInterrupt: a kill leaves tmp, which the next save sweeps
+        full = _disk_full(e, ckpt_root)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not full:
+            raise
+        kept = sorted(p.name for p in ckpt_root.glob("step_*"))
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+        raise SystemExit(f"checkpoint {final.name} not saved: the disk holding {ckpt_root} is full "
+                         f"({shutil.disk_usage(ckpt_root).free >> 20} MiB free once its partial files were removed; "
+                         f"{why}). " + (f"The checkpoints before it are intact ({kept[-1]} the newest)" if kept else
+                                        "No checkpoint was saved yet") + ": free space there, then continue with --resume.") from None
     # step 0 (the SFT-only start, what every RL gain is measured against) stays whatever keep_last
     # says: tests/test_train.py::test_keep_last_keeps_the_sft_only_start
     for old in sorted(ckpt_root.glob("step_*"))[:-keep_last] if keep_last > 0 else []:
@@ -151,13 +258,17 @@ def verify_checkpoint(path: Path) -> str | None:
 
 def resume_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict]:
     """(the newest intact checkpoint, its trainer state), after cutting the run's logs back to
-    their sizes at that checkpoint; (None, {}) when there is no checkpoint. A corrupt checkpoint
-    is reported and the one before it is tried.
-    tests/test_rundir.py::test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs"""
+    their sizes at that checkpoint; (None, {}) when there is no checkpoint. A corrupt checkpoint,
+    or one whose logs are no longer what it recorded (a log cut short would lose that step's
+    records), is reported and the one before it is tried: its steps run again and write them anew.
+    tests/test_rundir.py::test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs,
+    tests/test_rundir.py::test_a_log_cut_inside_the_last_checkpoint_falls_back_to_one_it_holds"""
     import torch
     problems = []
     for path in sorted(ckpt_root.glob("step_*"), reverse=True):
         problem = verify_checkpoint(path)
+        if problem is None:
+            problem = _log_problem(ckpt_root.parent, json.loads((path / "meta.json").read_text()).get("logs", {}))
         if problem is None:
             try:
                 state = torch.load(path / "trainer.pt", weights_only=False)
@@ -169,8 +280,9 @@ def resume_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict]:
             continue
         if problems:
             print(f"resume: falling back to {path} (an older checkpoint: its steps are trained again)", file=sys.stderr)
-        sizes = json.loads((path / "meta.json").read_text()).get("logs")
-        if sizes is not None:
+        logs = json.loads((path / "meta.json").read_text()).get("logs")
+        if logs is not None:
+            sizes = {k: v if isinstance(v, int) else v["size"] for k, v in logs.items()}
             for log in ckpt_root.parent.glob("*.jsonl"):
                 if log.stat().st_size > sizes.get(log.name, 0):
                     os.truncate(log, sizes.get(log.name, 0))
@@ -219,23 +331,16 @@ def set_rng_state(s: dict):
 
 
 class RunLog:
-    def __init__(self, out_dir: Path, keep_until_step: int | None, tensorboard: bool, write: bool = True):
+    def __init__(self, out_dir: Path, resumed: bool, tensorboard: bool, write: bool = True):
         self.path = out_dir / "metrics.jsonl"
         self.records = []
         self.fh = self.tb = None
         if not write:  # ranks > 0: rank 0 owns the file (decisions that read it come from rank 0)
             return
-        if self.path.exists() and keep_until_step is not None:
-            # a resumed run rewrites history past its checkpoint, so no step appears twice
-            for line in self.path.read_text().splitlines():
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by the kill
-                    continue
-                if r.get("phase") == "sft" or r.get("step", 0) <= keep_until_step:
-                    self.records.append(r)
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
-        self.fh = open(self.path, "a")
+        resumed = resumed and self.path.exists()
+        if resumed:  # resume_checkpoint checked it and cut it back to the checkpoint's records
+            self.records = [json.loads(line) for line in self.path.read_text().splitlines()]
+        self.fh = open(self.path, "a" if resumed else "w")
         self.tb = None
         if tensorboard:
             try:

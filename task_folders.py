@@ -3,6 +3,11 @@
 Loads Terminal-Bench 1.0 (task.yaml + run-tests.sh) and 2 / Harbor (task.toml + tests/test.sh)
 task directories into `Task`s, and splits an oracle solution into the commands typed into a
 terminal. Knows nothing about containers (env.py) and generates nothing (generated_tasks.py).
+
+A task folder may come from anywhere, so it is a sandbox of its own: every file the loader reads,
+and every file of the image's build context, resolves inside the folder (a symlink pointing out is
+refused: `safe_files`), text decodes as UTF-8, and the instruction and tests have size limits. A
+folder that breaks one is a TaskError naming the file, which load_tasks skips with a line.
 """
 from __future__ import annotations
 
@@ -59,24 +64,93 @@ class Task:
     host_labels: list = field(default_factory=list)  # only Docker hosts with all these labels run it (env.hosts)
 
 
+# The instruction is the model's prompt: 64 KiB is ~16k tokens, past every rollout.max_context shipped
+# and many times the longest Terminal-Bench instruction (a few KiB); an unchecked 50 MB one took one
+# episode 192 s and 9 GB. The tests are held by every Task and copied into each graded container:
+# 16 MiB leaves room for test data (fixtures, expected outputs) and keeps a thousand tasks in memory.
+# Other text (task.yaml / task.toml, solution, Dockerfile) is parsed whole: 1 MiB.
+MAX_INSTRUCTION_BYTES = 64 << 10
+MAX_TESTS_BYTES = 16 << 20
+MAX_TEXT_BYTES = 1 << 20
+
+
 def _need(path: Path, what: str) -> Path:
     if not path.exists():
         raise TaskError(f"{path}: missing ({what})")
     return path
 
 
-def _read_tests(tests_dir: Path) -> dict:
-    _need(tests_dir, "the tests/ directory with the hidden tests")
-    files = {str(p.relative_to(tests_dir)): p.read_bytes() for p in sorted(tests_dir.rglob("*"))
-             if p.is_file() and "__pycache__" not in p.parts}
-    if not files:
-        raise TaskError(f"{tests_dir}: empty (the hidden tests go here)")
+def _inside(path: Path, folder: Path) -> Path:
+    """path, when it resolves (symlinks followed) inside the task folder; else a TaskError naming both.
+    tests/test_task_folders.py::test_a_host_file_never_reaches_a_task_a_container_or_a_log"""
+    real = path.resolve()
+    if not real.is_relative_to(folder.resolve()):
+        raise TaskError(f"{path}: a symlink to {real}, outside the task folder {folder}; a task may use its "
+                        f"own files only (copy the file into the folder instead)")
+    return path
+
+
+def safe_files(top: Path, folder: Path) -> list[Path]:
+    """Every regular file under `top` (a directory of task folder `folder`), sorted, __pycache__ left
+    out. A symlink anywhere under it that resolves outside `folder` is a TaskError, and so is a fifo,
+    socket or device (reading one would block or never end). What the loader reads from tests/ and
+    what env.py copies into a build context."""
+    _inside(top, folder)
+    files = []
+    for p in sorted(top.rglob("*")):
+        if "__pycache__" in p.parts:
+            continue
+        if p.is_symlink():
+            _inside(p, folder)
+        if p.is_file():
+            files.append(p)
+        elif p.exists() and not p.is_dir():
+            raise TaskError(f"{p}: not a regular file (a fifo, socket or device); a task holds plain files only")
     return files
 
 
-def _dockerfile_workdir(dockerfile: Path, default: str = "/app") -> str:
+def _read(path: Path, folder: Path, what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of one file of task folder `folder`, checked as `safe_files` checks them, at most `limit`."""
+    _inside(_need(path, what), folder)
+    if not path.is_file():
+        raise TaskError(f"{path}: not a regular file ({what})")
+    if (size := path.stat().st_size) > limit:
+        raise TaskError(f"{path}: {size} bytes; at most {limit} ({limit >> 10} KiB) are read from it ({what})")
+    return path.read_bytes()
+
+
+def _text(path: Path, folder: Path, what: str, limit: int = MAX_TEXT_BYTES) -> str:
+    """_read, decoded as UTF-8: a file that is not is a TaskError naming it and the first bad byte."""
+    data = _read(path, folder, what, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8 ({what})") from None
+
+
+def _read_tests(tests_dir: Path, folder: Path) -> dict:
+    _need(tests_dir, "the tests/ directory with the hidden tests")
+    paths = safe_files(tests_dir, folder)
+    if not paths:
+        raise TaskError(f"{tests_dir}: empty (the hidden tests go here)")
+    if (size := sum(p.stat().st_size for p in paths)) > MAX_TESTS_BYTES:
+        raise TaskError(f"{tests_dir}: {size} bytes of tests; a task's tests may hold at most {MAX_TESTS_BYTES} "
+                        f"({MAX_TESTS_BYTES >> 20} MiB): every graded container receives them")
+    return {str(p.relative_to(tests_dir)): p.read_bytes() for p in paths}
+
+
+def _instruction(text: str, where: Path) -> str:
+    if not text.strip():
+        raise TaskError(f"{where}: empty instruction (the task text the agent sees)")
+    if (size := len(text.encode())) > MAX_INSTRUCTION_BYTES:
+        raise TaskError(f"{where}: the instruction is {size} bytes; at most {MAX_INSTRUCTION_BYTES} "
+                        f"({MAX_INSTRUCTION_BYTES >> 10} KiB): it is the model's prompt")
+    return text.strip()
+
+
+def _dockerfile_workdir(dockerfile: Path, folder: Path, default: str = "/app") -> str:
     """The last absolute WORKDIR of the Dockerfile: TB tasks put the agent where the image does."""
-    found = re.findall(r"^\s*WORKDIR\s+(\S+)\s*$", dockerfile.read_text(errors="replace"), re.M | re.I)
+    found = re.findall(r"^\s*WORKDIR\s+(\S+)\s*$", _text(dockerfile, folder, "the task image's Dockerfile"), re.M | re.I)
     return found[-1] if found and found[-1].startswith("/") and "$" not in found[-1] else default
 
 
@@ -102,7 +176,7 @@ def _memory_mb(env: dict, where: str) -> int:
 def _load_tb1(d: Path) -> Task:
     f = d / "task.yaml"
     try:
-        meta = yaml.safe_load(f.read_text()) or {}
+        meta = yaml.safe_load(_text(f, d, "the task's metadata and instruction")) or {}
     except yaml.YAMLError as e:
         raise TaskError(f"{f}: invalid YAML: {e}") from None
     if not isinstance(meta, dict):
@@ -112,25 +186,27 @@ def _load_tb1(d: Path) -> Task:
         instruction = meta["descriptions"][0].get("description")  # older TB1 tasks
     if not isinstance(instruction, str) or not instruction.strip():
         raise TaskError(f"{f}: missing 'instruction' (the task text the agent sees)")
+    instruction = _instruction(instruction, f)
     dockerfile = _need(d / "Dockerfile", "the task image's Dockerfile")
+    safe_files(d, d)  # the build context: all of the folder
     for name in _COMPOSE:
-        _single_container(d / name)
+        _single_container(d / name, d)
     same_shell = meta.get("run_tests_in_same_shell", False)
     if not isinstance(same_shell, bool):
         raise TaskError(f"{f}: run_tests_in_same_shell must be true or false, got {same_shell!r}")
-    tests = _read_tests(d / "tests")
-    tests["run-tests.sh"] = _need(d / "run-tests.sh", "the script that runs the tests").read_bytes()
+    tests = _read_tests(d / "tests", d)
+    tests["run-tests.sh"] = _read(d / "run-tests.sh", d, "the script that runs the tests")
     if (d / "solution.sh").exists():
-        solution = (d / "solution.sh").read_text()
+        solution = _text(d / "solution.sh", d, "the oracle solution")
     elif (d / "solution.yaml").exists():
-        steps = yaml.safe_load((d / "solution.yaml").read_text()) or []
+        steps = yaml.safe_load(_text(d / "solution.yaml", d, "the oracle solution")) or []
         solution = "\n".join(s["command"] if isinstance(s, dict) else str(s) for s in steps)
     else:
         raise TaskError(f"{d / 'solution.sh'}: missing (the oracle solution)")
     return Task(
-        name=d.name, instruction=instruction.strip(), layout="tb1", path=d, dockerfile=dockerfile,
+        name=d.name, instruction=instruction, layout="tb1", path=d, dockerfile=dockerfile,
         build_context=d, tests=tests, test_command="bash /tests/run-tests.sh", solution=solution,
-        workdir=_dockerfile_workdir(dockerfile),
+        workdir=_dockerfile_workdir(dockerfile, d),
         agent_timeout_s=_number(meta.get("max_agent_timeout_sec", 360), f"{f} max_agent_timeout_sec"),
         test_timeout_s=_number(meta.get("max_test_timeout_sec", 60), f"{f} max_test_timeout_sec"),
         memory_mb=_number(meta.get("memory_mb", DEFAULT_MEMORY_MB), f"{f} memory_mb", int),
@@ -144,13 +220,13 @@ def _load_tb1(d: Path) -> Task:
 _COMPOSE = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 
 
-def _single_container(compose: Path):
+def _single_container(compose: Path, folder: Path):
     """Refuse a compose file with more than the task's own container: termrl runs one container per
     episode, and a task whose tests need a database or a second host would silently fail."""
     if not compose.exists():
         return
     try:
-        services = (yaml.safe_load(compose.read_text()) or {}).get("services") or {}
+        services = (yaml.safe_load(_text(compose, folder, "the compose file")) or {}).get("services") or {}
     except (yaml.YAMLError, AttributeError) as e:
         raise TaskError(f"{compose}: cannot read the compose file ({e})") from None
     if len(services) > 1:
@@ -195,12 +271,11 @@ def _integrity(meta: dict, where: str) -> dict:
 def _load_tb2(d: Path) -> Task:
     f = d / "task.toml"
     try:
-        meta = tomllib.loads(f.read_text())
+        meta = tomllib.loads(_text(f, d, "the task's metadata"))
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{f}: invalid TOML: {e}") from None
-    instruction = _need(d / "instruction.md", "the task text the agent sees").read_text()
-    if not instruction.strip():
-        raise TaskError(f"{d / 'instruction.md'}: empty (the task text the agent sees)")
+    instruction = _instruction(_text(d / "instruction.md", d, "the task text the agent sees",
+                                     MAX_INSTRUCTION_BYTES), d / "instruction.md")
     sections = {k: meta.get(k, {}) for k in ("verifier", "agent", "environment")}
     for k, v in sections.items():
         if not isinstance(v, dict):
@@ -210,19 +285,21 @@ def _load_tb2(d: Path) -> Task:
         raise TaskError(f"{f}: a multi-step task ([[steps]]); termrl runs one instruction and one verifier per "
                         "episode, so the later steps would never be graded")
     for name in _COMPOSE:
-        _single_container(d / "environment" / name)
+        _single_container(d / "environment" / name, d)
     variables = env.get("env", {})
     if not (isinstance(variables, dict) and all(isinstance(v, (str, int, float, bool)) for v in variables.values())):
         raise TaskError(f"{f}: [environment.env] must be a table of NAME = \"value\"")
     image = env.get("docker_image")  # a prebuilt image instead of environment/Dockerfile
     dockerfile = None if image else _need(d / "environment" / "Dockerfile", "the task image's Dockerfile")
+    if (d / "environment").exists():
+        safe_files(d / "environment", d)  # the build context
     _need(d / "tests" / "test.sh", "the script that runs the tests and writes /logs/verifier/reward.txt")
-    tests = _read_tests(d / "tests")
-    solution = _need(d / "solution" / "solve.sh", "the oracle solution").read_text()
+    tests = _read_tests(d / "tests", d)
+    solution = _text(d / "solution" / "solve.sh", d, "the oracle solution")
     return Task(
-        name=d.name, instruction=instruction.strip(), layout="tb2", path=d, image=image, dockerfile=dockerfile,
+        name=d.name, instruction=instruction, layout="tb2", path=d, image=image, dockerfile=dockerfile,
         build_context=d / "environment", tests=tests, test_command="bash /tests/test.sh", solution=solution,
-        workdir=env.get("workdir") or (_dockerfile_workdir(dockerfile) if dockerfile else "/app"),
+        workdir=env.get("workdir") or (_dockerfile_workdir(dockerfile, d) if dockerfile else "/app"),
         agent_timeout_s=_number(sections["agent"].get("timeout_sec", 600), f"{f} [agent] timeout_sec"),
         test_timeout_s=_number(sections["verifier"].get("timeout_sec", 600), f"{f} [verifier] timeout_sec"),
         build_timeout_s=_number(env.get("build_timeout_sec", 600), f"{f} [environment] build_timeout_sec"),
@@ -252,12 +329,16 @@ def _looks_like_task(d: Path) -> bool:
                                           "run-tests.sh", "tests", "solution"))
 
 
-def _find_tasks(d: Path) -> list[Path]:
-    """Task folders under d at any depth (a checkout nests collections); hidden folders skipped."""
-    out = []
+def _find_tasks(d: Path, top: Path | None = None) -> list[Path]:
+    """Task folders under d at any depth (a checkout nests collections); hidden folders skipped, and
+    symlinks leading out of the folder searched (a link to / would search the host)."""
+    top, out = top or d, []
     for c in sorted(d.iterdir()):
         if c.is_dir() and not c.name.startswith((".", "__")):
-            out += [c] if _looks_like_task(c) else _find_tasks(c)
+            if c.is_symlink() and not c.resolve().is_relative_to(top.resolve()):
+                print(f"skipping {c}: a symlink to {c.resolve()}, outside {top}", file=sys.stderr)
+                continue
+            out += [c] if _looks_like_task(c) else _find_tasks(c, top)
     return out
 
 
@@ -266,7 +347,10 @@ def task_dirs(spec) -> list[Path]:
     (JSON or lines)."""
     p = Path(spec).expanduser()  # `--set data.train_tasks=~/tb` reaches us unexpanded
     if p.is_file():
-        text = p.read_text()
+        try:
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TaskError(f"{p}: not UTF-8 text (byte {e.start}: {e.reason})") from None
         try:
             items = json.loads(text)["tasks"] if text.lstrip().startswith("{") else None
         except (json.JSONDecodeError, KeyError, TypeError):

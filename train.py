@@ -22,6 +22,7 @@ Where that stops scaling, and what to move to, is in the README ("Training on se
 """
 import argparse
 import dataclasses
+import errno
 import os
 import queue
 import random
@@ -177,6 +178,7 @@ class Run:
     model: object
     ref_model: object      # π_ref of algo's KL term under full fine-tuning (learner.load_reference)
     env: env.Env
+    lock: rundir.RunLock | None  # rank 0's: no second process writes the run directory
 
 
 def setup(cfg: Config, resume: bool, restart: bool) -> Run:
@@ -190,10 +192,10 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     out = Path(cfg.out_dir)
     # rank 0 alone looks and moves an old run aside, once for every node; another rank looking
     # meanwhile could see the directory vanish under it. Every rank then says rank 0's refusal.
-    refusal = None
+    refusal = lock = None
     if rank == 0:
         try:
-            rundir.claim_run_dir(out, resume, restart)
+            lock = rundir.claim_run_dir(out, resume, restart)  # held until the process ends
         except SystemExit as e:
             refusal = e.code
     refusal = distributed.from_rank0(refusal, world)  # after it, no one writes before the claim
@@ -226,7 +228,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     ckpt, state = rundir.resume_checkpoint(out / "checkpoints") if resume else (None, {})
     if rank == 0:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-    log = RunLog(out, state.get("step", 0) if ckpt else None, cfg.tensorboard and rank == 0, write=rank == 0)
+    log = RunLog(out, ckpt is not None, cfg.tensorboard and rank == 0, write=rank == 0)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     model = learner.load_model(cfg, device, ckpt)
     ref_model = learner.load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
@@ -234,7 +236,7 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     if world > 1:
         model = distributed.wrap_parallel(model, cfg, device, learner.compute_dtype(cfg, device))
     return Run(cfg, device, rank, world, out, rcfg, acfg, train_tasks, eval_tasks, ckpt, state,
-               state.get("experts", {}), log, tok, model, ref_model, terminals)
+               state.get("experts", {}), log, tok, model, ref_model, terminals, lock)
 
 
 def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
@@ -415,6 +417,8 @@ def finish(r: Run, t_start: float) -> dict:
         (r.out / "summary.txt").write_text(text + "\n")
         print(text)
     r.log.close()
+    if r.lock:
+        r.lock.close()
     return result
 
 
@@ -436,8 +440,10 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     traj_file = r.out / (f"trajectories.rank{rank}.jsonl" if world > 1 else "trajectories.jsonl")
 
     eval_succ, t_ckpt = None, 0.0
-    if r.eval_tasks and cfg.eval.at_start and not distributed.from_rank0(
-            any(x.get("phase") == "eval" and x["step"] == start for x in log.records), world):
+    # the baseline eval, before RL step 1, as an unbroken run has it: a resume from a later step
+    # already holds it, and one from step 0 had its record cut with the logs
+    # (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit)
+    if r.eval_tasks and cfg.eval.at_start and start == 0:
         eval_succ, _ = heldout_eval(r, policy, start)
     stop = threading.Event()
     produced = start_producer(r, policy, start, stop) if cfg.train.mode == "async" else None
@@ -599,6 +605,11 @@ def main(argv=None):
             run(cfg, resume=a.resume, restart=a.restart)
         except hosts.HostsDown as e:  # every sandbox host silent: the last checkpoint is where --resume starts
             raise SystemExit(f"stopped: {e}; then resume with --resume")
+        except OSError as e:  # a log or adapter write; a checkpoint's says so itself (rundir.save_checkpoint)
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise SystemExit(f"stopped: the disk is full ({e.filename or cfg.out_dir}: {e.strerror}); the last "
+                             f"checkpoint is intact: free space, then continue with --resume") from None
 
 
 if __name__ == "__main__":

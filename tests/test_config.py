@@ -2,6 +2,9 @@
 import dataclasses
 import inspect
 import re
+import subprocess
+import sys
+import types
 import typing
 from pathlib import Path
 
@@ -136,3 +139,51 @@ def test_every_config_key_is_read_documented_and_exercised():
     assert not unread, f"config keys nothing reads: {unread}"
     assert not undocumented, f"config keys without a comment in their dataclass: {undocumented}"
     assert not unexercised, f"config keys no config file or test sets: {unexercised}"
+
+
+# --- ranges ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override, allowed", [
+    ("train.lr=-1", "> 0"), ("sft.lr=-1", "> 0"), ("checkpoint.every=0", ">= 1"), ("sft.batch_size=0", ">= 1"),
+    ("train.steps=-1", ">= 0"), ("eval.num_tasks=-1", ">= 0"), ("rollout.command_timeout_s=-1", "> 0"),
+    ("train.updates_per_step=0", ">= 1"), ("rollout.max_turns=0", ">= 1"), ("train.adam_betas=[0.9,1.0]", "[0, 1)"),
+    ("engine.gpu_memory_utilization=0", "(0, 1]"), ("rollout.prefill_prob=1.5", "[0, 1]"), ("algo.kl_coef=-0.1", ">= 0"),
+])
+def test_a_value_out_of_range_is_refused_at_load_naming_key_value_and_range(override, allowed):
+    """Bugs: train.lr=-1 passed --dry-run and failed after SFT with a traceback; sft.lr=-1,
+    checkpoint.every=0 (ZeroDivisionError) and sft.batch_size=0 crashed; train.steps=-1,
+    eval.num_tasks=-1, rollout.command_timeout_s=-1 and train.updates_per_step=0 were accepted
+    silently; rollout.max_turns=0 gave a misleading SFT message. Each is refused at load."""
+    key, value = override.split("=")
+    with pytest.raises(config.ConfigError) as e:
+        config.load_config(ROOT / "configs" / "tiny.yaml", [override])
+    msg = str(e.value)
+    assert msg.startswith(f"config key '{key}' is ") and msg.endswith(f"; allowed: {allowed}"), msg
+    assert yaml.safe_load(msg.split(" is ", 1)[1].rsplit("; allowed", 1)[0]) == yaml.safe_load(value), msg
+
+
+def test_dry_run_refuses_a_value_out_of_range(tmp_path):
+    r = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml", "--dry-run", "--set", "train.lr=-1",
+                        "--set", f"out_dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "config error: config key 'train.lr' is -1.0; allowed: > 0" in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_numeric_key_with_a_meaningful_range_declares_it():
+    """A numeric key without a range is one that accepts any number: seeds alone may (any integer
+    draws a stream), and algo.AlgoConfig's own checks cover the rest of algo:. The boundaries pass."""
+    unranged = []
+    for key, cls, name, section in _keys():
+        tp = typing.get_type_hints(cls)[name]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        if tp not in (int, float) and tp != list[float]:
+            continue
+        annotated = typing.get_type_hints(cls, include_extras=True)[name]
+        if typing.get_origin(annotated) is not typing.Annotated and key not in config.RANGES:
+            unranged.append(key)
+    assert sorted(unranged) == ["algo.clip_high", "algo.clip_low", "algo.gamma", "algo.max_filtered_share",
+                                "algo.mismatch_cap", "algo.mismatch_floor", "algo.negative_reward", "algo.norm_length",
+                                "algo.seq_clip_high", "algo.seq_clip_low", "data.eval_seed", "data.generated_seed", "seed"]
+    config.load_config(ROOT / "configs" / "tiny.yaml", ["train.steps=0", "eval.num_tasks=0", "checkpoint.every=1",
+                                                         "rollout.top_k=-1", "rollout.prefill_prob=1", "train.grad_clip=0"])

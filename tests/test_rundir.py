@@ -3,6 +3,9 @@ continues from the newest intact checkpoint with every log cut back to it, and n
 weights never reach a checkpoint. Fast: no training, no engine."""
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,14 +42,60 @@ def test_an_existing_run_is_refused_or_moved_aside_never_clobbered(tmp_path):
     with pytest.raises(SystemExit, match="does not exist"):  # --restart: moved aside first
         _cli(out, "--restart")
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
-    assert len(aside) == 1 and {aside[0] / p.relative_to(out) for p in before} == {
-        p for p in aside[0].rglob("*") if p.is_file()}
+    assert len(aside) == 1 and {aside[0] / p.relative_to(out) for p in before} == {  # and the lock it was moved under
+        p for p in aside[0].rglob("*") if p.is_file() and p.name != rundir.LOCK}
     assert all((aside[0] / p.relative_to(out)).read_bytes() == b for p, b in before.items())
     # --resume of a directory without any checkpoint has nothing to continue: it starts over, the old one kept
     (out / "metrics.jsonl").write_text('{"phase": "sft", "step": 0}\n')
     with pytest.raises(SystemExit, match="does not exist"):
         _cli(out, "--resume")
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("run.")]) == 2
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+import rundir
+lock = rundir.claim_run_dir(Path(sys.argv[1]), resume=sys.argv[2] == "resume", restart=False)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(out: Path, how: str) -> subprocess.Popen:
+    """A process that claims `out` as train.py's rank 0 does and goes on holding it."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out), how], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "locked\n"
+    return proc
+
+
+def test_a_second_process_on_a_run_is_refused_naming_the_writer(tmp_path):
+    """Bugs: a --resume while the same run was training was not refused (both wrote: RL steps logged
+    1,2,3,4,3,5,4,6.., trajectories doubled, one died on the other's deleted .tmp dir), nor a plain
+    start on a run directory still empty. A second process is refused, naming the writer's pid,
+    whatever its flags; once the writer is dead (SIGKILL: no clean-up ran) its lock is taken over."""
+    out, fresh = tmp_path / "run", tmp_path / "fresh"
+    (out / "checkpoints" / "step_000001").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"phase": "rl", "step": 1}\n')
+    holders = [_holder(out, "resume"), _holder(fresh, "start")]
+    try:
+        for flags in (["--resume"], ["--restart"]):
+            with pytest.raises(SystemExit, match=rf"{out} is being written by process {holders[0].pid}: .*Wait for it"):
+                _cli(out, *flags)
+        with pytest.raises(SystemExit, match=r"already holds a run"):
+            _cli(out)
+        with pytest.raises(SystemExit, match=rf"{fresh} is being written by process {holders[1].pid}"):
+            _cli(fresh)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "run"]  # nothing moved aside
+        assert (out / "metrics.jsonl").read_text() == '{"phase": "rl", "step": 1}\n'
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    assert (out / rundir.LOCK).read_text().split()[0] == str(holders[0].pid)  # left by the dead writer
+    with pytest.raises(SystemExit, match="does not exist"):  # past the claim: the model path is what fails
+        _cli(out, "--resume")
+    assert (out / rundir.LOCK).read_text().split()[0] == str(os.getpid())
 
 
 def _append(path: Path, rows):
@@ -136,3 +185,84 @@ def test_a_model_path_that_cannot_load_says_what_to_do_at_once(tmp_path):
     assert "does not exist" in msg and "HF_HUB_OFFLINE" in msg
     (tmp_path / "empty").mkdir()
     assert "no config.json" in check(tmp_path / "empty")[0]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of 64 MiB mounted in tmp_path (needs root, as the machine's tests run), and a
+    function that leaves only n bytes of it free (a filler file the test removes to free space)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+
+    def leave_free(n: int) -> Path:
+        filler = disk / "filler"
+        with open(filler, "ab") as f:
+            os.posix_fallocate(f.fileno(), f.tell(), shutil.disk_usage(disk).free - n)
+        return filler
+    yield disk, leave_free
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("fails", ["model", "trainer.pt"])
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tiny_model_dir, small_disk, fails):
+    """Bug: a full disk during a checkpoint gave raw tracebacks (SafetensorError ... No space left
+    from the model's file, RuntimeError ... unexpected pos from torch.save, which never says disk)
+    and left half-written .tmp dirs. On a real full filesystem the save ends the run with one line
+    saying the disk is full and where, removes its partial files, and leaves the checkpoint before
+    it intact; once there is room again the next save and a resume work."""
+    from transformers import AutoTokenizer
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}"])
+    model, tok = learner.load_model(cfg, "cpu"), AutoTokenizer.from_pretrained(tiny_model_dir)
+    disk, leave_free = small_disk
+    root = disk / "run" / "checkpoints"
+    (disk / "run").mkdir()
+    (disk / "run" / "metrics.jsonl").write_text('{"phase": "rl", "step": 1}\n')
+    state = {"step": 1, "moments": torch.zeros(1 << 20)}  # 4 MiB, as an optimizer's state
+
+    def save(step):
+        return rundir.save_checkpoint(root, step, lambda d: learner.save_model(model, tok, d), {**state, "step": step}, 3)
+    one = save(1)
+    model_bytes = sum(p.stat().st_size for p in (one / "model").iterdir())
+    filler = leave_free(64 << 10 if fails == "model" else model_bytes + (1 << 20))
+    with pytest.raises(SystemExit) as e:
+        save(2)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"checkpoint step_000002 not saved: the disk holding {root} is full"), msg
+    assert ("SafetensorError" if fails == "model" else "RuntimeError") in msg, msg
+    assert "step_000001 the newest" in msg and msg.endswith("free space there, then continue with --resume."), msg
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]  # no partial files
+    assert rundir.verify_checkpoint(one) is None and rundir.latest_checkpoint(root) == one
+    filler.unlink()  # room again: the run's next save and its resume work
+    two = save(2)
+    path, resumed = rundir.resume_checkpoint(root)
+    assert path == two and resumed["step"] == 2
+
+
+def test_a_log_cut_inside_the_last_checkpoint_falls_back_to_one_it_holds(tmp_path, capsys):
+    """Bug: metrics.jsonl / trajectories.jsonl cut mid-line inside the last checkpoint resumed with
+    exit 0 and no warning, losing that step's records. A checkpoint notes each log's size and sha256;
+    a resume takes the newest checkpoint its logs still hold unchanged (the steps after it run again
+    and write their records anew), says why it passed over the others, and refuses when none is."""
+    out = tmp_path / "run"
+    out.mkdir()
+    logs = {}
+    for step in (1, 2, 3):
+        _append(out / "trajectories.jsonl", [{"step": step, "episode": e} for e in range(4)])
+        _append(out / "metrics.jsonl", [{"phase": "eval", "step": step}, {"phase": "rl", "step": step}])
+        rundir.save_checkpoint(out / "checkpoints", step, lambda d: d.mkdir(), {"step": step}, keep_last=5)
+        logs[step] = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
+    metrics = out / "metrics.jsonl"
+    os.truncate(metrics, len(logs[3]["metrics.jsonl"]) - 5)  # mid-line, inside step 3's records
+    path, state = rundir.resume_checkpoint(out / "checkpoints")
+    assert state["step"] == 2 and {p.name: p.read_bytes() for p in out.glob("*.jsonl")} == logs[2]
+    err = capsys.readouterr().err
+    assert (f"skipping {out / 'checkpoints' / 'step_000003'}: metrics.jsonl holds {len(logs[3]['metrics.jsonl']) - 5} "
+            f"bytes, {len(logs[3]['metrics.jsonl'])} when it was saved: cut short") in err and "falling back" in err
+    metrics.write_bytes(logs[2]["metrics.jsonl"].replace(b'"step": 2', b'"step": 7'))  # same size, other bytes
+    assert rundir.resume_checkpoint(out / "checkpoints")[1]["step"] == 1
+    assert "metrics.jsonl's first" in capsys.readouterr().err
+    os.truncate(out / "trajectories.jsonl", 10)
+    with pytest.raises(SystemExit, match=r"no intact checkpoint.*step_000001: trajectories.jsonl holds 10 bytes.*--restart"):
+        rundir.resume_checkpoint(out / "checkpoints")

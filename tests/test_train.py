@@ -643,6 +643,20 @@ _TRAJ_KEYS = ("task_name", "group_id", "policy_version", "prefill_k", "messages"
               "num_turns", "num_tokens", "num_model_tokens")
 
 
+def _rows(log: Path) -> list[str]:
+    return [json.dumps({k: r.get(k) for k in _TRAJ_KEYS}, sort_keys=True) for r in map(json.loads, log.read_text().splitlines())]
+
+
+# what a metrics record says about the run, without the wall-clock times and host counts
+_RECORD_KEYS = ("phase", "step", "reward", "success", "tasks", "episodes", "loss", "grad_norm", "tokens",
+                "val_nll", "val_oracle_prob", "rows_trained", "policy_version")
+
+
+def _records(out: Path) -> list[dict]:
+    return [{k: r[k] for k in _RECORD_KEYS if k in r}
+            for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
 def _trajectories(out: Path, version: int) -> list[str]:
     rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()
             if line.endswith("}")]  # a line the kill cut short is not a trajectory
@@ -707,6 +721,14 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
         proc = subprocess.Popen(cmd + ["--set", f"out_dir={out}"], cwd=ROOT, env=env, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        lock = out / rundir.LOCK
+        while not (lock.exists() and lock.read_text().startswith(f"{proc.pid} ")):  # written once it is locked
+            assert proc.poll() is None, (tmp_path / 'first.log').read_text()[-3000:]
+            time.sleep(0.1)
+        # a --resume while the run trains is refused, naming the writer (both wrote, before)
+        second = subprocess.run(cmd + ["--set", f"out_dir={out}", "--resume"], cwd=ROOT, env=env, timeout=900,
+                                capture_output=True, text=True)
+        assert second.returncode == 1 and f"{out} is being written by process {proc.pid}" in second.stderr, second.stderr
         # the kill must land after checkpoint 1 and before the run ends: a window of two RL steps
         # (rollout, update, sync, checkpoint: seconds each even on 2 busy cores) against a 0.1 s poll
         deadline = time.time() + 900
@@ -765,6 +787,51 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
     opt = torch.load(out / "checkpoints" / "step_000003" / "trainer.pt", weights_only=False)["optimizer"]
     assert {float(s["step"]) for s in opt["state"].values()} == {2.0 + 3.0 * cfg.train.updates_per_step}
     assert [g["lr"] for g in opt["param_groups"]] == [cfg.train.lr]
+    # the logs are the unbroken run's, record for record (wall-clock times aside): none lost at the
+    # kill, none added by the resume (bug: every resume added an eval record at the step it resumed from)
+    assert _records(out) == _records(whole)
+    for log in ("trajectories.jsonl", "eval_trajectories.jsonl"):
+        assert sorted(_rows(out / log)) == sorted(_rows(whole / log)), log
+
+
+@pytest.mark.slow
+def test_a_run_that_fills_its_disk_stops_in_one_line_and_resumes(tiny_model_dir, tmp_path):
+    """A real run (SFT + 2 RL steps) whose out_dir is a 64 MiB tmpfs: the SFT-only checkpoint fits,
+    step 1's does not. Bug: raw tracebacks (torch.save's "unexpected pos" never says disk) and
+    half-written .tmp dirs. The run stops with one line naming the full disk, step 0 intact; with
+    room again (the tmpfs grown) --resume finishes the run."""
+    import shutil
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        model = shutil.copytree(tiny_model_dir, tmp_path / "tiny")
+        out = disk / "run"
+        overrides = ["model.build_tiny=false", f"model.path={model}", f"out_dir={out}", "sft.steps=2",
+                     "sft.num_tasks=4", "sft.batch_size=4", "train.steps=2", "train.tasks_per_step=2",
+                     "train.group_size=2", "train.updates_per_step=1", "rollout.max_turns=2",
+                     "rollout.max_tokens_per_turn=32", "eval.num_tasks=0", "checkpoint.every=1",
+                     "checkpoint.keep_last=3", "algo.negative_reward=-1.0", "tensorboard=false", "plot=false"]
+        cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        said = [ln for ln in first.stderr.splitlines() if "is full" in ln]
+        assert first.returncode == 1 and "Traceback" not in first.stderr, first.stderr[-3000:]
+        assert len(said) == 1 and said[0].startswith(f"checkpoint step_000001 not saved: the disk holding "
+                                                     f"{out / 'checkpoints'} is full"), first.stderr[-3000:]
+        assert "step_000000 the newest" in said[0] and "--resume" in said[0]
+        ckpts = out / "checkpoints"
+        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000000"]
+        assert rundir.verify_checkpoint(ckpts / "step_000000") is None
+        subprocess.run(["mount", "-o", "remount,size=256m", str(disk)], check=True)  # room again
+        second = subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000000", "step_000001", "step_000002"]
+        assert [(r["phase"], r["step"]) for r in _records(out)] == [("sft", 0), ("sft", 1), ("rl", 1), ("rl", 2)]
+        assert len(_rows(out / "trajectories.jsonl")) == 2 * 2 * 2
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
 
 
 # --- torchrun (slow): two gloo ranks, on one node or two, DDP and FSDP2 ----------------------
