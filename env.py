@@ -101,7 +101,10 @@ def _limits(key: tuple, disk_quota: bool) -> dict:
         init=True, network_mode=net, mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
         nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"], cap_add=CAPS,
         security_opt=["no-new-privileges"], privileged=False,
-        ulimits=[{"Name": "fsize", "Soft": fsize, "Hard": fsize}])
+        ulimits=[{"Name": "fsize", "Soft": fsize, "Hard": fsize}],
+        # no log: the container's stdout (anything may write to /proc/1/fd/1) would go to a file on
+        # the host's disk that no cap covers (test_hostile.test_disk_cap_counts_deleted_open_files_*)
+        log_config={"Type": "none", "Config": {}})
     if disk_quota:
         host_config["storage_opt"] = {"size": f"{disk_mb}M"}
     return host_config
@@ -426,7 +429,7 @@ class Env:
                     client, cid, key, self.output_cap, host, host_answers=partial(self.check_host, host, fresh=True),
                     drain_host=partial(self.drain, host), on_close=partial(self._hosts.release, host),
                     harness_runs=self.harness_runs, grading_network=self.grading_network,
-                    multi_reward=self.multi_reward, disk_cap_mb=0 if host.disk_quota else disk_mb)
+                    multi_reward=self.multi_reward, disk_cap_mb=disk_mb, disk_quota=host.disk_quota)
                 self._terms.add(term)
                 with self._lock:
                     host.starts, host.start_s = host.starts + 1, host.start_s + time.monotonic() - t0
@@ -482,11 +485,12 @@ class Env:
                 time.sleep(1.0)  # the daemon is struggling: back off instead of hammering it
 
     def _disk_loop(self):
-        """The disk cap where the storage driver has no quota: a terminal whose writable layer grew
-        past its cap is ended (test_hostile.test_disk_cap_stops_writes_past_it)."""
+        """The disk cap (what no storage quota covers: Terminal.check_disk) and the file-count ceiling
+        (which no storage quota keeps): a terminal past either is ended
+        (test_hostile.test_disk_cap_stops_writes_past_it, test_file_count_is_capped_like_bytes)."""
         while not self._closed:
             for term in list(self._terms):
-                if term.disk_cap_mb and not term.closed and not term.dead and term.host_ok():
+                if (term.disk_cap_mb or term.local) and not term.closed and not term.dead and term.host_ok():
                     with contextlib.suppress(Exception):  # a container removed meanwhile
                         term.check_disk()
             time.sleep(DISK_CHECK_S)
