@@ -273,7 +273,7 @@ class Terminal:
         t0 = time.monotonic()
         if self.dead:
             return self._dead_result(t0)
-        first = self._end_fork_bomb()
+        first = _end_fork_bomb(self)
         restarts = self._restarts
         note, sink = "", Capped(self.output_cap)
         nonce, answer = os.urandom(8).hex(), 1 + os.urandom(1)[0] % 120
@@ -335,16 +335,6 @@ class Terminal:
         if not self._restart_session():
             return ""
         return f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd were reset]"
-
-    def _end_fork_bomb(self) -> str:
-        """When a fork failed at the container's pid limit since the last command (a fork bomb, most
-        likely still running), end every background process: otherwise no command could fork."""
-        hits = pid_limit_hits(self._cgroup)
-        if hits <= self._pids_hits:
-            return ""
-        _kill_command(self, self._floor)  # the shell only gets USR1, which an idle shell ignores
-        self._pids_hits = pid_limit_hits(self._cgroup)
-        return f"[the container reached its limit of {self._pids_max} processes: every background process was killed]\n"
 
     def check_disk(self):
         """End the terminal (dead) when what it holds on the host's disk is over disk_cap_mb: its
@@ -443,6 +433,22 @@ def _answered(status: str, answer: int) -> bool:
 def _watermark(text: str, floor: int) -> int:
     """The begin marker's last pid before the command (the shell reads it from /proc/loadavg)."""
     return int(text) if text.isdigit() else floor
+
+
+def _end_fork_bomb(term) -> str:
+    """When a fork failed at the container's pid limit since the last command (a fork bomb, most
+    likely still running), end every background process: otherwise no command could fork."""
+    if pid_limit_hits(term._cgroup) <= term._pids_hits:
+        return ""
+    _kill_command(term, term._floor)  # the shell only gets USR1, which an idle shell ignores
+    # a fork under way when the container froze fails at the limit after the thaw: count the hits
+    # once the killed processes are gone, or the next command would end a bomb that is over
+    end = time.monotonic() + 2
+    while time.monotonic() < end and any(n > term._floor and n != term._session_pid and n not in term._relays
+                                         for n in (term.procs() or {}).values()):
+        time.sleep(0.02)
+    term._pids_hits = pid_limit_hits(term._cgroup)
+    return f"[the container reached its limit of {term._pids_max} processes: every background process was killed]\n"
 
 
 def _kill_command(term, watermark: int, shell_too: bool = False) -> bool:
