@@ -840,6 +840,16 @@ def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, nodes, tin
         if step:  # the resumed run is where the unbroken one is, and so is the leg before the kill
             _same_checkpoint(whole / "checkpoints" / ck.name, ck, skip_rng=("torch",))  # the engine's (see above)
     assert len(set(digests)) == 4, "SFT and each RL step must move the weights"
+    # another world size: this one process reads the two ranks' shards into its own model and AdamW
+    ck = out / "checkpoints" / "step_000001"
+    one = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    opt, _ = learner.make_optimizer(one, 1e-3, 0.0, (0.9, 0.999), 0, 2, "constant")
+    distributed.load_shards(ck / "dcp", one, {"optimizer": opt})
+    saved = _sharded_state(ck)
+    _same_tensors({n: p.detach() for n, p in one.named_parameters()}, {n: saved["model"][n] for n, _ in
+                  one.named_parameters()}, "one process's weights")
+    _same_tensors({n: opt.state[p] for n, p in one.named_parameters()},
+                  {n: saved["optimizer"]["state"][n] for n, _ in one.named_parameters()}, "one process's AdamW")
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["step"]) for r in recs] == [("sft", 0), ("sft", 1), ("rl", 1), ("rl", 2)]
     assert all(r["grad_norm"] > 0 and r["rows_trained"] > 0 for r in recs[2:])
