@@ -115,7 +115,7 @@ def forget(cid: str):
 
 def remove(client, cid: str):
     with contextlib.suppress(Exception):  # already gone, or the daemon is down: nothing more we can do
-        client.api.remove_container(cid, force=True)
+        client.api.remove_container(cid, force=True, v=True)  # and its anonymous volumes (an image's VOLUME)
     forget(cid)
 
 
@@ -378,6 +378,27 @@ def container_procs(init_pid: int, cgroup: dict | None = None) -> dict | None:
         except (OSError, AttributeError):
             continue
     return procs
+
+
+def deleted_open_bytes(hpids, devices: set) -> int:
+    """Disk blocks of files on `devices` that are deleted but still held open by one of hpids: no
+    walk of a directory sees them, yet they fill the disk until the last holder closes them."""
+    seen, total = set(), 0
+    for hpid in hpids:
+        try:
+            fds = os.listdir(f"/proc/{hpid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            link = readlink(f"/proc/{hpid}/fd/{fd}") or ""
+            if not link.endswith(" (deleted)"):
+                continue
+            with contextlib.suppress(OSError):
+                st = os.stat(f"/proc/{hpid}/fd/{fd}")
+                if stat.S_ISREG(st.st_mode) and st.st_dev in devices and (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+    return total
 
 
 def dir_bytes(path: str) -> int:

@@ -102,7 +102,10 @@ def _limits(key: tuple, disk_quota: bool) -> dict:
         init=True, network_mode=net, mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
         nano_cpus=int(cpus * 1e9), pids_limit=pids, cap_drop=["ALL"], cap_add=CAPS,
         security_opt=["no-new-privileges"], privileged=False,
-        ulimits=[{"Name": "fsize", "Soft": fsize, "Hard": fsize}])
+        ulimits=[{"Name": "fsize", "Soft": fsize, "Hard": fsize}],
+        # no log: the container's stdout (anything may write to /proc/1/fd/1) would go to a file on
+        # the host's disk that no cap covers (test_hostile.test_disk_cap_counts_deleted_open_files_*)
+        log_config={"Type": "none", "Config": {}})
     if disk_quota:
         host_config["storage_opt"] = {"size": f"{disk_mb}M"}
     return host_config
@@ -423,7 +426,7 @@ class Env:
                     client, cid, key, self.output_cap, host, host_answers=partial(self.check_host, host, fresh=True),
                     drain_host=partial(self.drain, host), on_close=partial(self._hosts.release, host),
                     harness_runs=self.harness_runs, grading_network=self.grading_network,
-                    multi_reward=self.multi_reward, disk_cap_mb=0 if host.disk_quota else disk_mb)
+                    multi_reward=self.multi_reward, disk_cap_mb=disk_mb, disk_quota=host.disk_quota)
                 self._terms.add(term)
                 with self._lock:
                     host.starts, host.start_s = host.starts + 1, host.start_s + time.monotonic() - t0

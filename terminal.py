@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, cgroup_dirs, cgroup_pids, cgroup_read,
-                       container_procs, dir_bytes, docker_exec, fd_targets, first_child, forget, names_container,
+                       container_procs, deleted_open_bytes, dir_bytes, docker_exec, fd_targets, first_child, forget, names_container,
                        next_frame, readlink, remove, repair_dev_null, stopped_by_docker)
 from hosts import Host
 from task_folders import Task
@@ -50,26 +50,34 @@ exec {__termrl_out}>&1
 """
 KILL_GRACE_S = 0.5      # after a timeout: how long the shell gets to end the killed command before a restart
 TIMEOUT_MARGIN_S = 2.5  # run(timeout=t) returns within t + this (grace + restart on a busy machine); test_hostile checks it
-MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, a number)
-FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n"]  # the marker formats, for test_hostile's forgeries
+MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, numbers)
+IDLE_S = 1.0            # a shell waiting for input this long with no marker sent has lost its framing: restarted
+_READ_NR = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine)  # read(2), as /proc/PID/syscall names it
+FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n", "\\n\\036E{} 0 0\\n"]  # the marker formats, for test_hostile's forgeries
 
 
-def _command_line(cmd: str, nonce: str) -> str:
-    """One command framed by a begin and an end marker carrying a fresh nonce.
+def _command_line(cmd: str, nonce: str, answer: int) -> str:
+    """One command framed by a begin and an end marker carrying a fresh nonce and a probe's answer.
 
-    The nonce is new for every command and only ever printed split in two, so neither a trace
-    (`set -x`, a DEBUG trap) nor an earlier command shows a marker an agent could replay. Before the
-    end marker is printed, functions named `builtin` are removed in POSIX mode (where `unset` and
-    `trap` are special builtins no function can shadow) and DEBUG/RETURN traps are cleared; every
-    name the harness calls is `\\`-quoted so no alias applies. test_hostile.test_framing_* forges it."""
+    The nonce is new for every command. The harness's own parts run with stderr closed and with the
+    agent's `set -x`/`set -v` off (restored for the command alone), so no trace shows a marker. Before
+    the end marker, functions named `builtin` are removed in POSIX mode (where `unset` and `trap` are
+    special builtins no function can shadow) and DEBUG/RETURN traps are cleared; every name the
+    harness calls is `\\`-quoted so no alias applies. Then a probe runs a command with a known exit
+    status (`answer`) the way the next command will run, and the end marker carries its status too:
+    a shell whose framing the command broke (a builtin disabled or wrapped, a harness variable made
+    readonly) answers it wrongly or sends no marker, and is restarted (test_hostile:
+    test_framing_survives_*, test_a_shell_whose_framing_*, test_traces_to_a_file_*)."""
     a, b = nonce[:len(nonce) // 2], nonce[len(nonce) // 2:]
-    return (f"\\builtin read -r __t __t __t __t __termrl_wm </proc/loadavg; "
+    return ("{ __t=; __termrl_wm=; \\builtin read -r __t __t __t __t __termrl_wm </proc/loadavg; "
             f"\\builtin printf '\\036B%s%s %s\\n' {a} {b} \"$__termrl_wm\" >&$__termrl_out; "
             "__termrl_rc() { return \"$1\"; }; __termrl_run() { __termrl_rc \"${__termrl_last:-0}\"; eval \"$1\"; }; "
+            "case $__termrl_fl in *x*) \\set -x;; esac; case $__termrl_fl in *v*) \\set -v;; esac; } 2>&-; "
             f"__termrl_run {shlex.quote(cmd)} <&$__termrl_in; "
-            "{ __termrl_last=$?; POSIXLY_CORRECT=y; \\unset -f builtin; \\unset POSIXLY_CORRECT; \\trap - DEBUG RETURN; "
-            f"\\builtin printf '\\n\\036E%s%s %d\\n' {a} {b} \"$__termrl_last\" >&$__termrl_out; }} 2>&-\n")
-
+            "{ __termrl_last=$?; POSIXLY_CORRECT=y; __termrl_fl=$-; \\set +xv; \\unset -f builtin; \\unset POSIXLY_CORRECT; "
+            "\\trap - DEBUG RETURN; } 2>&-; "
+            f"__termrl_run '\\trap - DEBUG RETURN && __termrl_rc {answer}' <&$__termrl_in 2>&-; "
+            f"{{ \\builtin printf '\\n\\036E%s%s %d %d\\n' {a} {b} \"$__termrl_last\" $? >&$__termrl_out; }} 2>&-\n")
 
 
 class Terminal:
@@ -88,12 +96,13 @@ class Terminal:
 
     def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP, host: Host | None = None,
                  *, host_answers=None, drain_host=None, on_close=None, harness_runs=None,
-                 grading_network: str = "none", multi_reward: str = "mean", disk_cap_mb: int = 0):
+                 grading_network: str = "none", multi_reward: str = "mean", disk_cap_mb: int = 0,
+                 disk_quota: bool = False):
         """What the terminal needs of its environment comes as callables: host_answers() whether the
         host answers a fresh connection (draining it when not), drain_host(why) treat it as down,
         on_close() once the container is gone (its place on the host is free). harness_runs(task),
-        grading_network and multi_reward are for grading.grade; disk_cap_mb > 0 when the disk
-        watchdog (not a storage quota) keeps the disk cap (check_disk)."""
+        grading_network and multi_reward are for grading.grade; disk_cap_mb is the disk cap the disk
+        watchdog keeps (check_disk; 0: none), disk_quota whether a storage quota caps the layer itself."""
         self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
         self.host, self._epoch = host, host.epoch if host else 0  # a drain after this start loses the container
         self._host_answers, self._drain_host, self._on_close = host_answers, drain_host, on_close
@@ -102,7 +111,7 @@ class Terminal:
         self.closed = False
         self.dead: str | None = None
         self._restarts = 0  # shells started after the first (CommandResult.shell_restarted)
-        self.disk_cap_mb = disk_cap_mb
+        self.disk_cap_mb, self.disk_quota = disk_cap_mb, disk_quota
         info = client.api.inspect_container(container_id)
         self.host_pid = info["State"]["Pid"]
         # Host-side work (/proc, cgroups, signals, the overlay dirs) only when State.Pid is this container's
@@ -115,6 +124,8 @@ class Terminal:
         self.networked = False  # joined the grading network (grading.grade)
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
         self.layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
+        # an image's VOLUMEs are directories on the host's disk that no writable-layer quota covers
+        self.volumes = [m["Source"] for m in info.get("Mounts") or [] if m.get("Type") == "volume" and m.get("Source")]
         self.home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
         self._socks = []  # every exec socket of this terminal (old output pipes stay open, unread)
         self._relays = set()  # container pids of the processes whose stdout is the shell's output pipe
@@ -128,6 +139,7 @@ class Terminal:
                                          stderr=True, tty=False, environment=SESSION_ENV)
         self._exec_id = ex["Id"]
         self._sock = self._out = self.client.api.exec_start(self._exec_id, socket=True)._sock
+        self._shell = self._in_pipe = None  # host pid and input pipe of the shell, once it answered
         self._socks.append(self._sock)
         self._raw, self._pending = bytearray(), bytearray()
         nonce = os.urandom(8).hex()
@@ -141,16 +153,53 @@ class Terminal:
         procs = self.procs() or {}
         shell = next((h for h, n in procs.items() if n == self._session_pid), None)
         self._out_pipe = readlink(f"/proc/{shell}/fd/1") if shell else None
+        self._shell, self._in_pipe = shell, readlink(f"/proc/{shell}/fd/0") if shell else None
+        self._sent = (0, 0)  # (bytes the shell had read, bytes of command line sent since)
         # host pids known not to write to the terminal: init, its sleep, the shell
         self._quiet = {h for h, n in procs.items() if n <= self._floor or n == self._session_pid}
 
     def _send(self, text: str):
-        self._sock.sendall(text.encode())
+        data = text.encode()
+        self._sent = (self._rchar(), len(data))
+        self._sock.sendall(data)
+
+    def _rchar(self) -> int:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            with open(f"/proc/{self._shell}/io") as f:
+                return int(f.readline().split()[1])
+        return -1
+
+    def _idle(self) -> bool:
+        """Whether the shell has read all it was sent and waits for more (seen from outside the
+        container, so nothing the agent did to the shell changes the answer): the framing then
+        sent no marker the harness waits for."""
+        if _READ_NR is None or not self._shell or not self._in_pipe:
+            return False
+        try:
+            with open(f"/proc/{self._shell}/syscall") as f:
+                fields = f.read().split()
+        except OSError:
+            return False
+        if len(fields) < 2 or fields[0] != str(_READ_NR) or readlink(f"/proc/{self._shell}/fd/{int(fields[1], 16)}") != self._in_pipe:
+            return False
+        before, sent = self._sent
+        return before >= 0 and self._rchar() - before >= sent
 
     def _frames(self, deadline: float) -> bytes | None:
-        """Payload of the next docker stream frames; b"" when the session ended, None on timeout."""
-        data = next_frame(self._out, self._raw, deadline)
-        return data
+        """Payload of the next docker stream frames; b"" when the session ended, None on timeout,
+        False when the shell has waited for input IDLE_S with nothing sent (its framing is broken)."""
+        idle_since = None
+        while True:
+            now = time.monotonic()
+            data = next_frame(self._out, self._raw, min(deadline, now + IDLE_S / 4))
+            if data is not None or time.monotonic() >= deadline:
+                return data
+            if not self._idle():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif time.monotonic() - idle_since >= IDLE_S:
+                return False
 
     def _read_until(self, marker: bytes, deadline: float, sink: Capped, flood: int = 0):
         """Stream into sink until `marker<digits>\\n`; returns (found, digits | reason)."""
@@ -172,9 +221,9 @@ class Terminal:
                 self._pending += window
                 return False, "flood"
             data = self._frames(deadline)
-            if data is None:
+            if data is None or data is False:
                 self._pending += window
-                return False, "timeout"
+                return False, "timeout" if data is None else "idle"
             if data == b"":
                 sink.add(window)
                 return False, "eof"
@@ -232,9 +281,9 @@ class Terminal:
         first = self._end_fork_bomb()
         restarts = self._restarts
         note, sink = "", Capped(self.output_cap)
-        nonce = os.urandom(8).hex()
+        nonce, answer = os.urandom(8).hex(), 1 + os.urandom(1)[0] % 120
         try:
-            self._send(_command_line(cmd, nonce))
+            self._send(_command_line(cmd, nonce, answer))
         except OSError as e:
             if not self._restart_session():
                 return self._dead_result(t0)
@@ -246,18 +295,24 @@ class Terminal:
         exit_code, timed_out = None, False
         if found:
             found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
-            if found:
-                exit_code = int(status)
+            if found and _answered(status, answer):
+                exit_code = int(status.split()[0])
                 note += _detach_background(self)
+            elif found:
+                note += self._reframe()
             elif status == "eof":
                 if self.dead or not self._restart_session():
                     return self._dead_result(t0, sink.text())
                 note += "\n[the shell exited; a new shell was started in the working directory]"
+            elif status == "idle":
+                note += self._reframe()
             else:
                 timed_out = True
                 why = (f"timed out after {timeout:g}s" if status == "timeout"
                        else f"produced more than {FLOOD_LIMIT >> 20} MiB of output")
-                note += self._recover(int(wm), why, sink, nonce)
+                note += self._recover(_watermark(wm, self._floor), why, sink, nonce, answer)
+        elif wm == "idle":  # the shell read the command line and printed no begin marker
+            note += self._reframe()
         else:  # the shell never picked the command up
             timed_out = wm == "timeout"
             if self.dead or not self._restart_session():
@@ -269,10 +324,18 @@ class Terminal:
         return CommandResult(first + sink.text() + note, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted),
                              shell_restarted=self._restarts > restarts)
 
-    def _recover(self, watermark: int, why: str, sink: Capped, nonce: str) -> str:
+    def _reframe(self) -> str:
+        """Replace a shell whose framing the last command broke (_command_line's probe failed)."""
+        if not self._restart_session():
+            return ""
+        return ("\n[this command changed the shell so that the harness can no longer run commands in it "
+                "(a builtin disabled or redefined, a harness variable made readonly); its exit status is unknown. "
+                "A new shell was started: variables and cwd were reset]")
+
+    def _recover(self, watermark: int, why: str, sink: Capped, nonce: str, answer: int) -> str:
         _kill_command(self, watermark)
-        found, _ = self._read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
-        if found:
+        found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
+        if found and _answered(status, answer):
             return f"\n[command {why} and was killed; the shell is still usable]"
         if not self._restart_session():
             return ""
@@ -294,11 +357,21 @@ class Terminal:
         return int(m.group(1)) if m else 0
 
     def check_disk(self):
-        """End the terminal (dead) when its writable layer is over disk_cap_mb."""
+        """End the terminal (dead) when what it holds on the host's disk is over disk_cap_mb: its
+        writable layer (unless a storage quota caps it: disk_quota), its volumes, and files deleted
+        while still open on either (test_hostile.test_disk_cap_*)."""
         upper = self.layers[0]
         if upper and self.local and os.path.isdir(upper):
-            used = dir_bytes(upper)
-        else:  # a remote daemon: it measures the layer itself (slower)
+            volumes = [v for v in self.volumes if os.path.isdir(v)]
+            devices = {os.stat(p).st_dev for p in volumes}
+            used = sum(dir_bytes(v) for v in volumes)
+            if not self.disk_quota:
+                devices.add(os.stat(f"/proc/{self.host_pid}/root").st_dev)  # the overlay, as the container sees it
+                used += dir_bytes(upper)
+            used += deleted_open_bytes(self.procs() or {}, devices)
+        elif self.disk_quota:
+            return
+        else:  # a remote daemon: it measures the layer itself (slower); volumes and deleted files are not seen
             used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
         if used > self.disk_cap_mb << 20:
             self.dead = f"the container's files grew past its disk cap of {self.disk_cap_mb} MiB"
@@ -370,6 +443,17 @@ class Terminal:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _answered(status: str, answer: int) -> bool:
+    """Whether an end marker's fields are an exit status and the probe's known answer."""
+    fields = status.split()
+    return len(fields) == 2 and fields[0].isdigit() and fields[1] == str(answer)
+
+
+def _watermark(text: str, floor: int) -> int:
+    """The begin marker's last pid before the command (the shell reads it from /proc/loadavg)."""
+    return int(text) if text.isdigit() else floor
 
 
 def _kill_command(term, watermark: int, shell_too: bool = False) -> bool:

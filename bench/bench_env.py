@@ -162,7 +162,7 @@ def main():
         for name, t in [("grade: tests inside the grading command (1 exec)", task),
                         ("grade: tests uploaded by put_archive (2 execs)", big)]:
             term = env.reset(t)
-            rows.append((name, *median_ms(term.grade, args.resets)))
+            rows.append((name, *median_ms(lambda: grading.grade(term), args.resets)))  # noqa: B023
             term.close()
     with E.Env(warm=2) as env:
         env.warmup([task])

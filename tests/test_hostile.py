@@ -84,6 +84,51 @@ def test_framing_survives_traces_traps_and_redefined_builtins(docker_env, easy_t
     _gone(docker_env, term)
 
 
+def test_a_shell_whose_framing_a_command_broke_is_restarted(docker_env, easy_tasks):
+    """Bugs: a readonly function `builtin` wrapping printf made every later `false` report 0;
+    after `enable -n eval` every later command failed with 127 and the shell was never restarted;
+    a harness variable made readonly made a 5 s run time out. Each now restarts the shell at once,
+    and the command after it runs as in a fresh shell."""
+    wrap = ('builtin() { if [ "$1" = printf ]; then shift; command printf "${@:1:$#-1}" 0; '
+            'else command builtin "$@"; fi; }; readonly -f builtin')
+    breakers = [wrap, "enable -n eval", "enable -n printf", "enable -n trap", "readonly __termrl_last",
+                "readonly __termrl_wm",
+                "__termrl_rc() { return 0; }; readonly -f __termrl_rc"]
+    with docker_env.reset(easy_tasks[9]) as term:
+        start = term.run("pwd").output
+        for cmd in breakers:
+            assert term.run("cd /tmp; X=1").exit_code == 0
+            t0 = time.monotonic()
+            r = term.run(cmd, timeout=5)
+            r2 = term.run("false", timeout=5)
+            took = time.monotonic() - t0
+            restarted = r.shell_restarted or r2.shell_restarted
+            assert restarted and not r.timed_out and not r2.timed_out, (cmd, r, r2)
+            assert took < 5 and r2.exit_code in (1, None), (cmd, took, r, r2)
+            for want in (1, 0, 5):
+                r = term.run(f"(exit {want})")
+                assert (r.exit_code, r.timed_out, r.shell_restarted) == (want, False, False), (cmd, r)
+            assert term.run("pwd; echo ${X-unset}").output == start + "unset\n", cmd  # a fresh shell
+    _gone(docker_env, term)
+
+
+def test_traces_to_a_file_never_show_a_marker(docker_env, easy_tasks):
+    """Bug: `exec 2>/tmp/x; set -x` wrote the begin marker's printf, nonce and all, into a file the
+    command could read and forge its end marker from; `set -v` wrote whole command lines."""
+    with docker_env.reset(easy_tasks[10]) as term:
+        for flag in ("x", "v"):
+            assert term.run(f"exec 3>&2 2>/tmp/trace; set -{flag}").exit_code == 0
+            r = term.run("echo a; cat /tmp/trace >> /tmp/seen")
+            assert r.output == "a\n" and r.exit_code == 0, r
+            assert flag in term.run("echo $-").output  # the agent's own flags stay as it set them
+            assert term.run(f"set +{flag}; exec 2>&3").exit_code == 0
+        seen = term.run("cat /tmp/trace /tmp/seen").output
+        assert "echo a" in seen and "\x1e" not in seen and "036" not in seen, seen
+        r = term.run(f"{_forgeries(seen)}; sleep 0.3; echo real; (exit 7)", timeout=10)
+        assert (r.exit_code, r.timed_out) == (7, False) and r.output.rstrip().endswith("real"), r
+    _gone(docker_env, term)
+
+
 # --- restarts and timeouts ------------------------------------------------------------------------
 
 def test_timeout_ends_a_shell_that_ignores_signals_within_the_margin(docker_env, easy_tasks):
@@ -219,6 +264,46 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
         r = term.run("echo after")
         assert getattr(term, "dead", None) and "disk" in r.output.lower(), r
     _gone(docker_env, term)
+
+
+def test_disk_cap_counts_deleted_open_files_and_the_containers_log(docker_env, easy_tasks):
+    """Bugs: files opened and then deleted held 800 MiB against a 100 MiB cap while the watchdog
+    saw 0, and what a process writes to the container's own stdout went to Docker's log file on
+    the host's disk, uncapped. Deleted files still held open count; the container keeps no log."""
+    task = _task(easy_tasks, 11, disk_mb=100)
+    with docker_env.reset(task) as term:
+        log = docker_env.client.api.inspect_container(term.id).get("LogPath") or ""
+        r = term.run("head -c 200M /dev/zero > /proc/1/fd/1; echo sent", timeout=60)
+        assert "sent" in r.output and not term.dead, r
+        assert not log or not os.path.exists(log) or os.path.getsize(log) < 1 << 20, (log, os.path.getsize(log))
+        r = term.run("for i in 1 2 3 4 5 6; do exec {fd}>/held$i; rm /held$i; head -c 80M /dev/zero >&$fd; done; "
+                     "echo wrote", timeout=60)
+        time.sleep(E.DISK_CHECK_S * 4)
+        r = term.run("echo after")
+        assert term.dead and "disk" in r.output.lower(), r
+    _gone(docker_env, term)
+
+
+def test_disk_cap_counts_the_images_volumes(docker_env, tmp_path):
+    """Bug: a task image's `VOLUME` gave each container an anonymous volume on the host's disk, which
+    neither the writable layer's quota nor its watchdog covers. Its files count against the cap,
+    and the volume goes with the container."""
+    import shutil
+    from conftest import FIXTURE_TASKS
+    d = shutil.copytree(FIXTURE_TASKS / "tb2-partial", tmp_path / "tb2-volume")
+    (d / "environment" / "Dockerfile").write_text("FROM termrl-base:bookworm\nVOLUME /data\nWORKDIR /app\n")
+    task = dataclasses.replace(T.load_tasks(tmp_path)[0], disk_mb=100)
+    with docker_env.reset(task) as term:
+        mounts = docker_env.client.api.inspect_container(term.id)["Mounts"]
+        volumes = [m["Name"] for m in mounts if m["Type"] == "volume"]
+        assert volumes, mounts
+        term.run("for i in $(seq 8); do head -c 50M /dev/zero > /data/big$i || break; done; echo wrote", timeout=60)
+        time.sleep(E.DISK_CHECK_S * 4)
+        r = term.run("echo after")
+        assert term.dead and "disk" in r.output.lower(), r
+    _gone(docker_env, term)
+    names = {v["Name"] for v in docker_env.client.api.volumes().get("Volumes") or []}
+    assert not set(volumes) & names, volumes
 
 
 # --- deadlines from outside the container --------------------------------------------------------------
