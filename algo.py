@@ -6,7 +6,7 @@ by side. One batch schema (`Batch`, built by rollout.py), one config (`AlgoConfi
 `algo:` in train.py's YAML), and two entry points:
 
     adv = compute_advantages(batch, cfg)                         # [B,T], Eq. 7 chunk returns
-    loss, metrics = policy_loss(logprobs, batch, adv, cfg)       # PPO-clip | GSPO | IPA (Eq. 9)
+    loss, metrics, mask = policy_loss(logprobs, batch, adv, cfg) # PPO-clip | GSPO | IPA (Eq. 9)
 
 Conventions
 - Every [B,T] tensor is right-padded; `lp[b,t] = log π(input_ids[b,t] | input_ids[b,:t])`,
@@ -24,16 +24,17 @@ runs (on-policy, the mismatch masks depend on the log-probs of its own forward):
 
     adv = compute_advantages(batch, cfg)
     keep, _ = keep_rows(batch, adv, cfg)                 # group filters need whole groups
-    rows, known = rows_that_train(batch, adv, keep, cfg) # rows whose loss can move the weights
-    masks = []
+    rows, probe, known = rows_that_train(batch, adv, keep, cfg)  # which rows to forward
+    masks = [<train_masks of the probe rows, under their no-grad π_old>] if probe else []
     for idx in micro_batches_of(rows):                   # learner.py packs them by token budget
         mb = <rows idx of batch>
         lp, ent = token_logprobs(model(mb.input_ids).logits, mb.input_ids)
-        loss, m = policy_loss(lp, mb, adv[idx], cfg, ent, keep=keep[idx], denominator=1.0)
+        loss, m, mask = policy_loss(lp, mb, adv[idx], cfg, ent, keep=keep[idx], denominator=1.0)
         loss.backward()
-        masks.append(<train_masks(mb, ...)'s rl + il>)
+        masks.append(mask)                               # the tokens it trained
     den = aggregation_denominator(known if known is not None else cat(masks), cfg.agg, cfg.norm_length)
     for p in params: p.grad /= den                       # sum of micro losses / den == full loss
+    # before the step each lp is log π_old: the later updates on the batch take old_logprobs from them
 """
 from __future__ import annotations
 
@@ -72,8 +73,9 @@ class Batch:
                                    belongs to, 0 ≤ k < num_chunks[b]; -1 everywhere else.
       infer_logprobs  FloatTensor  log μ(token) the inference engine reported when sampling;
                                    0 where loss_mask is 0.
-      old_logprobs    FloatTensor | None  log π_old(token), the trainer's policy at rollout time;
-                                   train.py fills it before the update. None means "on-policy":
+      old_logprobs    FloatTensor | None  log π_old(token), the policy before the first update on
+                                   the batch, from that update's forwards (learner.rl_step; rows
+                                   never forwarded hold infer_logprobs). None means "on-policy":
                                    policy_loss then uses the current log-probs, detached.
       ref_logprobs    FloatTensor | None  log π_ref(token), the reference policy's, for the KL term
                                    (algo.kl_coef); learner.fill_ref_logprobs fills it.
@@ -483,22 +485,24 @@ def can_move(batch: Batch, advantages, cfg: AlgoConfig) -> bool:
 
 
 def rows_that_train(batch: Batch, advantages, keep, cfg: AlgoConfig):
-    """Rows whose loss can move the weights, and the whole batch's trained-token mask when rows are
-    left out (the loss denominator counts their tokens all the same), else None.
-
-    Rows not in `keep` have empty masks. Without a KL or entropy term, a row whose trained tokens
-    all have advantage 0 (a failed episode under REINFORCE, a zero-variance group under GRPO) has
-    zero gradient under every loss here, so it need not be forwarded. Its tokens' mismatch mask
-    needs π_old, so such rows are left out only once π_old is known (batch.old_logprobs) or when
-    cfg.mismatch does not use it."""
+    """(rows whose loss can move the weights: forward with grad; rows that cannot but whose mask needs
+    π_old: forward once without grad; the whole batch's trained-token mask if known without a
+    forward, else None). Rows not in `keep` have empty masks and are never forwarded. Without a KL
+    or entropy term, a row whose trained tokens all have advantage 0 (a failure under REINFORCE, a
+    zero-variance group under GRPO) has zero gradient under every loss here, yet its tokens count
+    in the denominator, and "token_mask" / "chunk_mask" pick which from π_old/μ."""
     rows = [i for i in range(len(batch)) if keep[i]]
-    if cfg.kl_coef or cfg.entropy_coef or (batch.old_logprobs is None
-                                          and cfg.mismatch in ("token_mask", "chunk_mask")):
-        return rows, None
+    if cfg.kl_coef or cfg.entropy_coef:
+        return rows, [], None
+    if batch.old_logprobs is None and cfg.mismatch in ("token_mask", "chunk_mask"):
+        sampled = batch.loss_mask.float() * batch.valid[:, None]
+        imitation = batch.imitation_mask.float() * (cfg.imitation_coef != 0)
+        moves = rows_with_signal(advantages, sampled, imitation)
+        return [i for i in rows if moves[i]], [i for i in rows if not moves[i]], None
     old = batch.old_logprobs if batch.old_logprobs is not None else batch.infer_logprobs  # unused by the masks then
     rl, il, _, _ = train_masks(batch, advantages, cfg, old, keep)
     moves = rows_with_signal(advantages, rl, il)
-    return [i for i in rows if moves[i]], rl + il
+    return [i for i in rows if moves[i]], [], rl + il
 
 
 def keep_rows(batch: Batch, advantages, cfg: AlgoConfig):
@@ -634,7 +638,7 @@ def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
 def gspo_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
     """GSPO-token: s_i = exp(mean_{t∈i} log π_θ/π_old) (sequence geometric-mean ratio) carried by
     every token as s_i,t = sg[s_i]·π_θ(t)/sg[π_θ(t)], clipped at sequence level; equals GSPO when
-    a row's advantages are equal, and allows per-chunk G_k. Returns as ppo_clip_loss."""
+    a row's advantages are equal, and allows per-chunk G_k; the mean is over all of `mask`. Returns as ppo_clip_loss."""
     log_ratio = _log_ratio(logprobs, old_logprobs, mask)
     seq = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(seq[:, None] + logprobs - logprobs.detach())
@@ -645,8 +649,8 @@ def gspo_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
 def ipa_chunk_loss(logprobs, old_logprobs, advantages, mask, chunk_ids, positive=None):
     """IPA chunk-level REINFORCE (Eqs. 5, 8, 9): −w_c·G_t·log π_θ(t) with w_c = 1 on T+ rows
     (`positive` [B], default: positive advantage; no importance weight) and w_c = sg[clip(ρ_c, 0, 1)]
-    on T−, ρ_c = exp(mean_{t∈c} log π_θ(t)/π_old(t)) (Eq. 8). Returns (loss, ρ_c per token,
-    clipped_low (never), clipped_high = T− tokens whose ρ_c was cut to 1)."""
+    on T−, ρ_c = exp(mean_{t∈c} log π_θ(t)/π_old(t)) (Eq. 8) over all of chunk c's `mask`. Returns
+    (loss, ρ_c per token, clipped_low (never), clipped_high = T− tokens whose ρ_c was cut to 1)."""
     rho = _exp(chunk_mean(_log_ratio(logprobs.detach(), old_logprobs, mask), chunk_ids, mask))
     positive = (trajectory_sign(advantages) > 0 if positive is None else positive)[:, None]
     weight = torch.where(positive, torch.ones_like(rho), rho.clamp(max=1.0))
@@ -660,9 +664,11 @@ def imitation_loss(logprobs, weight):
 
 
 def k3_kl(logprobs, ref_logprobs):
-    """Schulman's k3 estimator of KL(π_θ‖π_ref) per token: e^(ref−lp) − (ref−lp) − 1 (≥ 0)."""
-    d = (ref_logprobs - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return torch.exp(d) - d - 1
+    """Schulman's k3 estimator of KL(π_θ‖π_ref) per token: e^d − d − 1 (≥ 0), d = ref − lp. Only the
+    exponent is clamped: d keeps its gradient (tests/test_algo.py::
+    test_k3_kl_keeps_its_gradient_where_the_policy_drifted_furthest)."""
+    d = ref_logprobs - logprobs
+    return torch.exp(d.clamp(max=MAX_LOG_RATIO)) - d - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -711,7 +717,8 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     """Total loss λ_RL·PG + λ_IL·imitation (Eq. 10) + kl_coef·KL − entropy_coef·H, all per token and
     reduced once by `aggregate` over sampled ∪ prefilled trained tokens. PG is cfg.loss's
     per-token loss times the mismatch IS weight. `keep` [B] and `denominator` default to this
-    batch's own (pass the full batch's when micro-batching). Returns (scalar loss, float metrics).
+    batch's own (pass the full batch's when micro-batching). Returns (scalar loss, float metrics,
+    the trained-token mask [B,T] it reduced over: its aggregation_denominator is the batch's).
 
     Metrics (plain floats; a mean over an empty set is 0.0):
       loss = rl_coef·pg_loss + imitation_coef·imitation_loss + kl_coef·kl_loss
@@ -743,12 +750,14 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     advantages = advantages.detach()
     rl, il, is_weight, metrics = train_masks(batch, advantages, cfg, old, keep)
 
+    # GSPO's s_i and IPA's ρ_c (Eq. 8) average the whole sequence / chunk, mismatch-masked tokens too
+    sampled = batch.loss_mask.float() * batch.valid[:, None]
     if cfg.loss == "ppo":
-        pg, ratio, lo, hi = ppo_clip_loss(logprobs, old, advantages, rl, cfg.clip_low, cfg.clip_high)
+        pg, ratio, lo, hi = ppo_clip_loss(logprobs, old, advantages, sampled, cfg.clip_low, cfg.clip_high)
     elif cfg.loss == "gspo":
-        pg, ratio, lo, hi = gspo_loss(logprobs, old, advantages, rl, cfg.seq_clip_low, cfg.seq_clip_high)
+        pg, ratio, lo, hi = gspo_loss(logprobs, old, advantages, sampled, cfg.seq_clip_low, cfg.seq_clip_high)
     else:
-        pg, ratio, lo, hi = ipa_chunk_loss(logprobs, old, advantages, rl, batch.chunk_ids,
+        pg, ratio, lo, hi = ipa_chunk_loss(logprobs, old, advantages, sampled, batch.chunk_ids,
                                            positive_trajectories(batch, advantages, cfg.split_on))
     pg = pg * is_weight
 
@@ -788,4 +797,4 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
         "ratio_max": float(r.max()) if r.numel() else 0.0,
         **advantage_stats(advantages, rl),
     })
-    return loss, metrics
+    return loss, metrics, mask

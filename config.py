@@ -30,6 +30,8 @@ class ConfigError(ValueError):
 class ModelConfig:
     path: str = "out/tiny"                          # Hugging Face model directory (or a name in the local HF cache)
     build_tiny: bool = False                        # build tiny.py's model into `path` first (no downloads)
+    fetch: str = ""                                 # the command that makes `path` (e.g. a conversion script):
+    #                                                 a missing path's error names it instead of a hub download
     tiny: dict = field(default_factory=dict)        # extra kwargs for tiny.build_tiny_model (hidden_size, ...)
     lora: bool = False                              # train a LoRA adapter (peft) instead of all weights
     lora_rank: Annotated[int, ">= 1"] = 16          # adapter rank: capacity vs memory (and vLLM's max_lora_rank)
@@ -113,8 +115,8 @@ class TrainConfig:
     adam_betas: Annotated[list[float], "[0, 1)"] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2), SFT and RL
     grad_clip: Annotated[float, ">= 0"] = 1.0                # max global gradient norm; 0 = no clipping
     micro_batch_tokens: Annotated[int, ">= 1"] = 8192        # padded tokens per forward/backward (micro-batches by budget)
-    updates_per_step: Annotated[int, ">= 1"] = 1             # optimizer steps per rollout batch (>1: a π_old pass first, then
-                                                             # each step measures its ratios against it, as PPO epochs)
+    updates_per_step: Annotated[int, ">= 1"] = 1             # optimizer steps per rollout batch (>1: each step after the
+                                                             # first measures its ratios against π_old, as PPO epochs)
     mode: str = "sync"                                       # sync (on-policy) | async (rollouts overlap training)
     max_staleness: Annotated[int, ">= 0"] = 1                # async: drop trajectories > this many versions old
     parallel: str = "ddp"                                    # under torchrun: ddp | fsdp

@@ -282,14 +282,94 @@ for sig in STOP STOP STOP KILL; do for p in /proc/[0-9]*; do p=${p#/proc/}
 
 def repair_dev_null(host_pid: int):
     """Recreate a container's /dev/null from the host if the agent deleted it: `docker exec` cannot
-    start any process without it (test_hostile.test_deleted_dev_null_*). A no-op for a remote daemon."""
-    path = f"/proc/{host_pid}/root/dev/null"
+    start any process without it (test_hostile.test_deleted_dev_null_*). A no-op for a remote daemon.
+    Every call works on the container's /dev by dir fd, so a link the agent put there is never
+    followed on the host (the chmod goes to the node just made, checked to be one)."""
     with contextlib.suppress(OSError):
-        if os.path.isdir(f"/proc/{host_pid}/root/dev") and not os.path.exists(path):
-            if os.path.lexists(path):
-                os.unlink(path)
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-            os.chmod(path, 0o666)
+        dev = open_in_root(f"/proc/{host_pid}/root", "/dev")
+        try:
+            try:
+                st = os.stat("null", dir_fd=dev, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not stat.S_ISLNK(st.st_mode):
+                return
+            if st is not None:
+                os.unlink("null", dir_fd=dev)
+            os.mknod("null", 0o666 | stat.S_IFCHR, os.makedev(1, 3), dir_fd=dev)
+            node = os.open("null", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dev)
+            try:
+                if stat.S_ISCHR(os.fstat(node).st_mode):
+                    os.chmod(f"/proc/self/fd/{node}", 0o666)
+            finally:
+                os.close(node)
+        finally:
+            os.close(dev)
+
+
+_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_LINKS = 40  # symlinks followed in one lookup, as the kernel allows
+
+
+def open_in_root(root: str, path: str) -> int:
+    """An O_PATH fd of path as a process whose root is `root` sees it: every component is opened by
+    dir fd without following it, and a symlink is resolved by its text inside root (an absolute
+    target or `..` never leaves root), so no link the container made is followed on the host
+    (tests/test_tampering.py::test_host_side_inspection_never_reads_a_host_file). OSError when absent."""
+    stack = [os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    parts, links = [p for p in path.split("/") if p], 0
+    try:
+        while parts:
+            part = parts.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                continue
+            fd = os.open(part, _PATH_FLAGS, dir_fd=stack[-1])
+            st = os.fstat(fd)
+            if stat.S_ISLNK(st.st_mode):
+                os.close(fd)
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OSError(40, "too many levels of symbolic links", path)
+                target = os.readlink(part, dir_fd=stack[-1])
+                if target.startswith("/"):
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                parts[:0] = [p for p in target.split("/") if p]
+            elif parts and not stat.S_ISDIR(st.st_mode):
+                os.close(fd)
+                raise NotADirectoryError(20, "not a directory", path)
+            else:
+                stack.append(fd)
+        fd = stack.pop() if len(stack) > 1 else os.dup(stack[0])
+        return fd
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def read_in_root(root: str, path: str, cap: int) -> bytes | None:
+    """The first cap bytes of a regular file of the container's own root filesystem (path resolved by
+    open_in_root), or None: nothing on another filesystem is read, so no device, no /proc (/proc/kmsg
+    blocks: test_tampering.test_host_side_inspection_reads_no_device), no bind mount of the host."""
+    with contextlib.suppress(OSError):
+        fd = open_in_root(root, path)
+        try:
+            st = os.fstat(fd)
+            rdev = os.stat(root).st_dev
+            if not stat.S_ISREG(st.st_mode) or st.st_dev != rdev or st.st_size > cap:
+                return None
+            rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            try:
+                return os.read(rfd, cap)
+            finally:
+                os.close(rfd)
+        finally:
+            os.close(fd)
+    return None
 
 
 def readlink(path: str) -> str | None:
@@ -401,42 +481,113 @@ def deleted_open_bytes(hpids, devices: set) -> int:
     return total
 
 
-def dir_bytes(path: str) -> int:
-    """Disk blocks used by the files under path (a container's writable layer)."""
-    total, stack = 0, [path]
-    while stack:
-        try:
-            it = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with it:
-            for e in it:
-                with contextlib.suppress(OSError):
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-                    else:
-                        total += e.stat(follow_symlinks=False).st_blocks * 512
-    return total
+FILE_BLOCK = 4096        # the least disk a file costs (an inode, a block): what the disk cap charges an empty file
+FILES_LIMIT = 200_000    # files in a container's writable layer, whatever its disk cap (an inode flood ends the episode)
+WALK_LIMIT = 2 * FILES_LIMIT  # entries one walk of a writable layer visits before it gives up (WalkLimit)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ANCHOR = 32             # a walk keeps every 32nd directory of its path open and reopens the rest from there
 
+
+class WalkLimit(RuntimeError):
+    """A writable layer held more entries than a walk visits."""
+
+
+def _entries(fd: int, room: int) -> list:
+    out = []
+    with os.scandir(fd) as it:
+        for e in it:
+            if len(out) >= room:
+                raise WalkLimit(f"more than {WALK_LIMIT} files in the container's writable layer")
+            with contextlib.suppress(OSError):
+                st = e.stat(follow_symlinks=False)
+                out.append((e.name, st.st_mode, st.st_blocks, st.st_rdev))
+    return out
+
+
+def _frame_fd(frames: list, i: int) -> int:
+    """The dir fd of frames[i], reopened by name from the nearest open directory above it."""
+    if frames[i][0] is None:
+        j = max(k for k in range(i) if frames[k][0] is not None)
+        fd = frames[j][0]
+        for k in range(j + 1, i + 1):
+            new = os.open(frames[k][1].rsplit("/", 1)[1], _DIR_FLAGS, dir_fd=fd)
+            if fd != frames[j][0]:
+                os.close(fd)
+            fd = new
+        frames[i][0] = fd
+    return frames[i][0]
+
+
+def walk(root: str, limit: int = WALK_LIMIT):
+    """Yield (path under root, mode, blocks, rdev, dir fd or None) of every entry below the host
+    directory root, depth first. No recursion and no whole paths: each directory is opened by name
+    from its parent's fd without following links, so a 1,100-deep tree or a path longer than PATH_MAX
+    walks like any other (test_tampering.test_deep_trees_are_graded_normally) and nothing outside
+    root is visited. At most `limit` entries, then WalkLimit. A directory's fd is valid while yielded."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    frames, seen = [[fd, "", []]], 0   # [dir fd or None (closed, reopen by name), path, entries left]
+    try:
+        frames[0][2] = _entries(fd, limit)
+        while frames:
+            top = frames[-1]
+            if not top[2]:
+                if top[0] is not None:
+                    os.close(top[0])
+                frames.pop()
+                continue
+            name, mode, blocks, rdev = top[2].pop()
+            seen += 1
+            if seen > limit:
+                raise WalkLimit(f"more than {limit} files in the container's writable layer")
+            rel = f"{top[1]}/{name}"
+            if not stat.S_ISDIR(mode):
+                yield rel, mode, blocks, rdev, None
+                continue
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=_frame_fd(frames, len(frames) - 1))
+            except OSError:
+                yield rel, mode, blocks, rdev, None
+                continue
+            frames.append([child, rel, []])
+            with contextlib.suppress(OSError):
+                frames[-1][2] = _entries(child, limit - seen)
+            if (len(frames) - 2) % _ANCHOR:
+                os.close(top[0])
+                top[0] = None
+            yield rel, mode, blocks, rdev, child
+    finally:
+        for f in frames:
+            if f[0] is not None:
+                os.close(f[0])
+
+
+def dir_usage(path: str, limit: int = FILES_LIMIT) -> tuple[int, int]:
+    """(bytes charged, entries) of a container's writable layer: each entry costs its blocks, and at
+    least FILE_BLOCK, so files are capped like bytes; counting stops past limit (returns limit + 1)."""
+    total = n = 0
+    try:
+        for _, _, blocks, _, _ in walk(path, limit):
+            total += max(blocks * 512, FILE_BLOCK)
+            n += 1
+    except WalkLimit:
+        return total, limit + 1
+    return total, n
 
 
 def _overlay_changes(upper: str, lowers: list[str]) -> list[tuple[str, str]]:
     """What docker diff reports, from the overlay dirs: whiteouts are deletions, a file also in a
-    lower layer was changed, else added; an opaque directory (removed, then made again) changed."""
+    lower layer (the image's, which the agent cannot change) was changed, else added; an opaque
+    directory (removed, then made again) changed."""
     out = []
-    for root, dirs, files in os.walk(upper):
-        rel = root[len(upper):]
-        for d in dirs:
+    for p, mode, _, rdev, fd in walk(upper):
+        if fd is not None:
             with contextlib.suppress(OSError):
-                if os.getxattr(os.path.join(root, d), "trusted.overlay.opaque") == b"y":
-                    out.append((f"{rel}/{d}", "C"))
-        for f in files:
-            st = os.lstat(os.path.join(root, f))
-            p = f"{rel}/{f}"
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                out.append((p, "D"))
-            else:
-                out.append((p, "C" if any(os.path.lexists(lo + p) for lo in lowers) else "A"))
+                if os.getxattr(fd, "trusted.overlay.opaque") == b"y":
+                    out.append((p, "C"))
+        elif stat.S_ISCHR(mode) and rdev == 0:
+            out.append((p, "D"))
+        elif not stat.S_ISDIR(mode):
+            out.append((p, "C" if any(os.path.lexists(lo + p) for lo in lowers) else "A"))
     return out
 
 
@@ -481,19 +632,25 @@ def zombie(hpid: int) -> bool:
         return True  # gone
 
 
+DESCRIBE_READ = 1 << 16  # bytes of a command line, and of each script it names, that describe reads
+DESCRIBE_FILES = 8       # files named by one command line that describe reads
+
+
 def describe(hpid: int) -> str:
-    """A process's command line and the text of the scripts it names (what it will do)."""
+    """A process's command line and the text of the scripts it names (what it will do), bounded: the
+    scripts are read inside the container's root (read_in_root), never through its links on the host."""
     try:
-        argv = Path(f"/proc/{hpid}/cmdline").read_bytes().split(b"\0")
+        fd = os.open(f"/proc/{hpid}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            argv = os.read(fd, DESCRIBE_READ).split(b"\0")
+        finally:
+            os.close(fd)
+        cwd = os.readlink(f"/proc/{hpid}/cwd")
     except OSError:
         return ""
     text = b" ".join(argv).decode("utf-8", "replace")
-    for a in argv[1:]:
-        if a.startswith(b"/") or b"." in a:
-            with contextlib.suppress(OSError, ValueError):
-                cwd = os.readlink(f"/proc/{hpid}/cwd")
-                p = Path(f"/proc/{hpid}/root") / os.path.join(cwd, a.decode()).lstrip("/")
-                if p.is_file() and p.stat().st_size < (1 << 16):
-                    text += "\n" + p.read_text(errors="replace")
+    for a in [a for a in argv[1:] if a.startswith(b"/") or b"." in a][:DESCRIBE_FILES]:
+        body = read_in_root(f"/proc/{hpid}/root", os.path.join(cwd, os.fsdecode(a)), DESCRIBE_READ)
+        if body:
+            text += "\n" + body.decode("utf-8", "replace")
     return text
-

@@ -482,11 +482,12 @@ class Env:
                 time.sleep(1.0)  # the daemon is struggling: back off instead of hammering it
 
     def _disk_loop(self):
-        """The disk cap where the storage driver has no quota: a terminal whose writable layer grew
-        past its cap is ended (test_hostile.test_disk_cap_stops_writes_past_it)."""
+        """The disk cap (what no storage quota covers: Terminal.check_disk) and the file-count ceiling
+        (which no storage quota keeps): a terminal past either is ended
+        (test_hostile.test_disk_cap_stops_writes_past_it, test_file_count_is_capped_like_bytes)."""
         while not self._closed:
             for term in list(self._terms):
-                if term.disk_cap_mb and not term.closed and not term.dead and term.host_ok():
+                if (term.disk_cap_mb or term.local) and not term.closed and not term.dead and term.host_ok():
                     with contextlib.suppress(Exception):  # a container removed meanwhile
                         term.check_disk()
             time.sleep(DISK_CHECK_S)

@@ -58,14 +58,40 @@ def grade(term) -> Grade:
 
     reward: 1/0 from the test exit code (TB1, generated) or reward.txt/json (TB2). An episode
     that tampered with grading gets reward 0 and `tampered` evidence; infra_error (reward None)
-    only when Docker failed, the container was lost to the infrastructure (`lost`), or the
-    harness fails on a fresh container too (tests/test_tampering.py, tests/test_hosts.py)."""
+    only when Docker failed, the container was lost to the infrastructure (`lost`), or grading
+    failed and the harness fails on a fresh container too (blame; tests/test_tampering.py, tests/test_hosts.py)."""
     if not term.host_ok():
         return Grade(None, False, {}, "", term.lost())
-    g = _grade(term)
+    try:
+        g = _grade(term)
+    except Exception as e:  # our own code failed on what the agent left: the same rule as any failure
+        g = blame(term, f"grading failed: {type(e).__name__}: {e}")
     if (g.tampered or g.infra_error) and (why := term.lost()):
         return Grade(None, False, g.tests, g.output, why)
     return g
+
+
+def blame(term, failure: str, g: Grade | None = None) -> Grade:
+    """The one rule for a grading that failed after the agent acted (an exception in our host-side
+    code, a Docker error, a harness that did not run, one that could not fetch its runner): the
+    agent's failure (reward 0, flagged with the failure as evidence) unless the same harness, run
+    the same way on a fresh container of the image, fails too; only then an infrastructure error.
+    A container the agent stopped is its failure without a recheck (tests/test_tampering.py::
+    test_grading_failure_after_the_agent_acted_is_the_agents and the test after it)."""
+    tests, output, rewards = (g.tests, g.output, g.rewards) if g else ({}, "", {})
+    failure = failure[:3000]  # an error can quote a path of any length the agent made
+    if why := term.lost():  # the Docker host went away: nothing to recheck on
+        return Grade(None, False, tests, output, why)
+    if why := term.agent_stopped():
+        return Grade(0.0, False, tests, output, None, rewards=rewards, tampered=why)
+    try:
+        runs = term.harness_runs is not None and term.harness_runs(term.task)
+    except Exception:  # no fresh container to compare with: the infrastructure's failure
+        runs = False
+    if runs:
+        return Grade(0.0, False, tests, output, None, rewards=rewards,
+                     tampered=f"{failure} after the episode, but the harness runs on a fresh container")
+    return Grade(None, False, tests, output, failure)
 
 
 def _grade(term) -> Grade:
@@ -74,27 +100,23 @@ def _grade(term) -> Grade:
     if term.dead:  # the agent broke its own container: a failed episode, not an infrastructure error
         return Grade(0.0, False, {}, f"[the terminal is dead: {term.dead}]", None,
                      tampered=term.agent_stopped() or f"the agent made its container unusable: {term.dead}")
-    try:
-        exports = _agent_exports(term) if t.tests_in_agent_shell else {}
-        evidence = [] if t.keep_agent_processes else stop_agent(term)
-        path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":") if d.startswith("/"))
-        diff = changes(term.client.api, term.id, term.layers, term.local)
-        evidence += toolchain_changes(diff, t, term.home, _BIN_DIRS + path_dirs)
-    except Exception as e:
-        return _failed(term, e)
+    exports = _agent_exports(term) if t.tests_in_agent_shell else {}
+    evidence = [] if t.keep_agent_processes else stop_agent(term)
+    path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":") if d.startswith("/"))
+    diff = changes(term.client.api, term.id, term.layers, term.local)
+    evidence += toolchain_changes(diff, t, term.home, _BIN_DIRS + path_dirs)
     if evidence:
         return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
     g, harness_failed = verify(term, exports)
-    if harness_failed and (why := term.agent_stopped()):
-        return Grade(0.0, False, g.tests, g.output, None, tampered=why)
-    if harness_failed and term.harness_runs is not None and term.harness_runs(t):
-        return Grade(0.0, False, g.tests, g.output, None, rewards=g.rewards, tampered=(
-            f"{g.infra_error} after the episode, but the harness runs on a fresh container"))
+    if harness_failed:
+        return blame(term, g.infra_error, g)
     return g
 
 
 def verify(term, exports: dict | None = None) -> tuple[Grade, bool]:
-    """Clean /tests and /logs/verifier, unpack the tests, run them: (grade, the harness failed)."""
+    """Clean /tests and /logs/verifier, unpack the tests, run them: (grade, the harness failed). A
+    Docker error or a runner it could not fetch is a harness failure (infra_error says which), for
+    blame to judge after an episode and for Env.harness_runs on a fresh container."""
     t = term.task
     env = {**(exports or {}), **verifier_env(t)}
     try:
@@ -124,14 +146,14 @@ def verify(term, exports: dict | None = None) -> tuple[Grade, bool]:
             if rc != 0 or text.partition("\n")[2].strip():
                 break  # an empty read is retried: a loaded daemon can drop a short exec's output
     except Exception as e:
-        return _failed(term, e), False
+        return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}"), True
     g, harness_failed = _score(term, code, out, rc, text)
     offline = _NO_NETWORK.search(out)
     if offline and not g.tests and not (g.reward or 0) > 0:  # no test ran: the runner could not be fetched
         net = term.grading_network
         return Grade(None, False, g.tests, g.output, "the test harness could not install itself: no network "
                      f"({offline.group().strip()[:120]}); grading joins env.grading_network ({net}) for "
-                     "tasks whose tests_need_network"), False
+                     "tasks whose tests_need_network"), True
     return g, harness_failed
 
 
@@ -183,14 +205,6 @@ def _agent_exports(term) -> dict:
         if not re.match(r"LD_|PYTHON|PYTEST|BASH_ENV$|ENV$|BASH_FUNC|TEST_DIR$|PS4$|SHELLOPTS$", name):
             out[name] = value
     return out
-
-
-def _failed(term, e: Exception) -> Grade:
-    """A Docker error while grading: reward 0 and flagged when the agent stopped the container,
-    else an infra_error."""
-    if why := term.agent_stopped():
-        return Grade(0.0, False, {}, "", None, tampered=why)
-    return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}")
 
 
 def stop_agent(term) -> list[str]:

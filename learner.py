@@ -47,6 +47,10 @@ def check_model_path(cfg):
     p = Path(path).expanduser()
     if (p / "config.json").exists():
         return
+    if cfg.model.fetch:  # a folder a script makes: that script, not a hub download, is what to run
+        state = f"{p} is not a model directory (no config.json)" if p.exists() else f"{p.resolve()} does not exist"
+        raise SystemExit(f"model.path {path!r}: {state}. This config's model is made by `{cfg.model.fetch}` "
+                         f"(model.fetch): run that, then this command again.")
     hint = ("Point model.path at a local Hugging Face model directory, or a hub id (org/name), or set "
             "model.build_tiny: true to build the tiny CPU model there.")
     if p.exists() or path.count("/") != 1 or path.startswith((".", "/", "~")):
@@ -244,20 +248,23 @@ def model_logprobs(model, input_ids, attention_mask=None, **kw):
     return lp, out["entropy"]
 
 
-def policy_logprobs(model, batch, budget: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0):
-    """log π_θ(token) [B,T] under the current weights, no grad, in token-budget micro-batches."""
+def policy_logprobs(model, batch, budget: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
+                    rows=None):
+    """log π_θ(token) [B,T] under the current weights, no grad, in token-budget micro-batches, of
+    `rows` (default all; the others are 0)."""
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
-    groups, n_real = micro_batches(model, batch.attention_mask.sum(1).tolist(), range(len(batch)), budget)
+    rows = range(len(batch)) if rows is None else rows
+    groups, n_real = micro_batches(model, batch.attention_mask.sum(1).tolist(), rows, budget)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     model.eval()
     with torch.no_grad():
-        for i, rows in enumerate(groups):
-            mb = select_rows(batch, rows)[0].to(dev)
+        for i, g in enumerate(groups):
+            mb = select_rows(batch, g)[0].to(dev)
             lp, _ = model_logprobs(model, mb.input_ids, mb.attention_mask, temperature=temperature,
                                    top_k=top_k, top_p=top_p)
             if i < n_real:
-                out[rows] = _pad_to(lp.float().cpu(), T)
+                out[g] = _pad_to(lp.float().cpu(), T)
     if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a forward without
         model.reshard()            # backward; the optimizer and the state-dict APIs expect the shards
     model.train()
@@ -299,14 +306,32 @@ def load_reference(cfg, device: str):
     return ref.eval().requires_grad_(False)
 
 
-def fill_ref_logprobs(model, ref_model, batch, budget: int, temperature: float = 1.0):
-    """batch.ref_logprobs = log π_ref(token): from `ref_model` (load_reference), or under LoRA from
-    `model` with its adapter disabled."""
+def fill_ref_logprobs(model, ref_model, batch, budget: int, temperature: float = 1.0, top_k: int = -1,
+                      top_p: float = 1.0, rows=None):
+    """batch.ref_logprobs = log π_ref(token) of `rows` (default all; the others are 0): from
+    `ref_model` (load_reference), or under LoRA from `model` with its adapter disabled. π_ref is
+    the reference weights' distribution over the sampler's support, as π_θ is (temperature, top_k,
+    top_p), so the KL of a policy that has not moved is 0 (tests/test_train.py::
+    test_pi_old_from_the_first_update_equals_a_separate_pass_bit_for_bit)."""
     if ref_model is not None:
-        batch.ref_logprobs = policy_logprobs(ref_model, batch, budget, temperature)
+        batch.ref_logprobs = policy_logprobs(ref_model, batch, budget, temperature, top_k, top_p, rows)
         return
     with distributed.unwrap(model).disable_adapter():
-        batch.ref_logprobs = policy_logprobs(model, batch, budget, temperature)
+        batch.ref_logprobs = policy_logprobs(model, batch, budget, temperature, top_k, top_p, rows)
+
+
+def dropout_active(model) -> bool:
+    """Whether a training-mode forward of `model` differs from an eval-mode one: a dropout module
+    (LoRA's lora_dropout among them) or a dropout rate in the model's config above 0. Without one,
+    the first update's own forward is π_old bit for bit (rl_step)."""
+    m = distributed.unwrap(model)
+    dropouts = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
+                torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout)
+    if any(isinstance(x, dropouts) and x.p > 0 for x in m.modules()):
+        return True
+    conf = getattr(m, "config", None)
+    return any(("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0
+               for k, v in (conf.to_dict() if conf is not None else {}).items())
 
 
 # -----------------------------------------------------------------------------------------------
@@ -315,19 +340,23 @@ def fill_ref_logprobs(model, ref_model, batch, budget: int, temperature: float =
 
 def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budget: int, grad_clip: float,
                    extra: dict | None = None, full_mask=None, temperature: float = 1.0, top_k: int = -1,
-                   top_p: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False) -> tuple[dict, dict]:
+                   top_p: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
+                   logprobs_out=None) -> tuple[dict, dict, torch.Tensor]:
     """One AdamW step on `rows` of `batch`: forward/backward each micro-batch, rescale, clip, step.
 
     micro_loss(lp, ent, mb, ex, rows) -> (summed loss, trained-token mask [b,t], metrics | None) for a
     micro-batch `mb` of global `rows`, with `extra` [B,T] tensors sliced to it in `ex`.
-    denominator(mask [B,T]) -> float: the whole batch's, from `full_mask` when given (rows were left
-    out, but their tokens count), else from the micro-batches' masks. Returns (row-weighted means of
-    the micro-batch metrics, this step's loss / grad_norm / lr / token counts)."""
+    denominator(mask [B,T]) -> float: the whole batch's. Its mask is `full_mask` (the trained-token
+    mask of rows that count without being forwarded; zeros when None) with each forwarded
+    micro-batch's mask written into its rows. `logprobs_out` [B,T], when given, receives each
+    forwarded row's log π_θ, taken before the step. Returns (row-weighted means of the micro-batch
+    metrics, this step's loss / grad_norm / lr / token counts, the whole batch's trained-token mask)."""
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
     lengths = batch.attention_mask.sum(1).tolist()
     groups, n_real = micro_batches(model, lengths, rows, budget)
-    masks, mb_metrics, loss_sum = [], [], 0.0
+    full_mask = torch.zeros(batch.input_ids.shape) if full_mask is None else full_mask.clone()
+    mb_metrics, loss_sum = [], 0.0
     opt.zero_grad(set_to_none=True)
     model.train()
     for i, g in enumerate(groups):
@@ -346,9 +375,9 @@ def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budg
         if pad:
             continue
         loss_sum += float(loss.detach())
-        masks.append(_pad_to(m.detach().cpu(), T))
-    if full_mask is None:
-        full_mask = torch.cat(masks) if masks else torch.zeros(1, T)
+        full_mask[g] = _pad_to(m.detach().cpu().to(full_mask.dtype), T)
+        if logprobs_out is not None:
+            logprobs_out[g] = _pad_to(lp.detach().float().cpu(), T).to(logprobs_out.device)
     den = denominator(full_mask)
     world = distributed.world_size()
     if world > 1:  # DDP averaged the gradients over ranks; the loss is a global sum / global denominator
@@ -369,39 +398,67 @@ def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budg
     return means, dict(loss=loss_sum / den, grad_norm=float(grad_norm), lr=sched.get_last_lr()[0],
                        tokens=int(sum(lengths)), trained_tokens=int(full_mask.sum()),
                        padding_frac=padding_fraction(lengths, groups[:n_real]), micro_batches=n_real,
-                       rows_trained=len(list(rows)))
+                       rows_trained=len(list(rows))), full_mask
 
 
 def rl_step(model, opt, sched, batch, adv, acfg, tcfg, temperature: float = 1.0, top_k: int = -1,
-            top_p: float = 1.0) -> dict:
+            top_p: float = 1.0, ref_model=None, keep_old: bool = False) -> dict:
     """One RL optimizer step on `batch` with advantages `adv` (algo.compute_advantages); the rows
-    that train, the loss and its denominator come from algo.py.
+    that train, the loss and its denominator come from algo.py. π_θ is the distribution the engine
+    samples from: temperature, top_k, top_p (algo.token_logprobs). `tcfg` is config.TrainConfig
+    (micro_batch_tokens, grad_clip, log_entropy).
 
-    π_old is the current weights unless batch.old_logprobs is filled (fill_old_logprobs, before
-    the first of several updates on a batch). Rows that cannot move the weights are not forwarded
-    (algo.rows_that_train); the per-micro-batch metrics (entropy, ratios, clip fractions) then
-    cover the rows that trained. `tcfg` is config.TrainConfig (micro_batch_tokens, grad_clip, log_entropy).
-    π_θ is the distribution the engine samples from: temperature, top_k, top_p (algo.token_logprobs)."""
+    π_old is the current weights unless batch.old_logprobs is filled. With `keep_old`, the first
+    update on a batch fills it for the ones after it (PPO epochs) from its own forwards: they run
+    before its optimizer step, so they are π_old bit for bit, unless dropout makes a training forward
+    differ from π_θ (then a no-grad pass measures it first). Rows that cannot move the weights are
+    never forwarded (algo.rows_that_train), rows whose mask alone needs π_old once without grad; the
+    per-micro-batch metrics (entropy, ratios, clip fractions) cover the rows that trained. Under
+    algo.kl_coef, batch.ref_logprobs is filled for the rows that train (fill_ref_logprobs, with
+    `ref_model`) unless it is already."""
+    budget, sampling = tcfg.micro_batch_tokens, dict(temperature=temperature, top_k=top_k, top_p=top_p)
     keep, metrics = algo.keep_rows(batch, adv, acfg)
-    rows, known = algo.rows_that_train(batch, adv, keep, acfg)
+    rows, probe, known = algo.rows_that_train(batch, adv, keep, acfg)
+    if batch.old_logprobs is None and keep_old and dropout_active(model):
+        # a training forward with dropout is not π_θ: π_old by a no-grad pass of the kept rows first
+        batch.old_logprobs = _logprobs_of(model, batch, budget, sorted(rows + probe), sampling)
+        rows, probe, known = algo.rows_that_train(batch, adv, keep, acfg)
+    old = None  # π_old as this update's forwards measure it, for the updates after it
+    if batch.old_logprobs is None:
+        old = _logprobs_of(model, batch, budget, probe, sampling)
+        if probe:  # rows that count in the denominator but cannot train: their masks, from their π_old
+            rl, il, _, _ = algo.train_masks(batch, adv, acfg, old, keep)
+            known = torch.zeros_like(rl)
+            known[probe] = (rl + il)[probe]
+    if acfg.kl_coef and batch.ref_logprobs is None:
+        fill_ref_logprobs(model, ref_model, batch, budget, rows=rows, **sampling)
 
     def micro_loss(lp, ent, mb, ex, mb_rows):
         kmb, amb = keep[mb_rows].to(lp.device), ex["adv"]
-        old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
-        rl, il, _, _ = algo.train_masks(mb, amb, acfg, old, kmb)
-        loss, mm = algo.policy_loss(lp, mb, amb, acfg, ent, keep=kmb, denominator=1.0)
-        return loss, rl + il, mm
+        loss, mm, mask = algo.policy_loss(lp, mb, amb, acfg, ent, keep=kmb, denominator=1.0)
+        return loss, mask, mm
 
-    means, step = optimizer_step(
+    means, step, trained = optimizer_step(
         model, opt, sched, batch, rows, micro_loss,
         lambda mask: algo.aggregation_denominator(mask, acfg.agg, acfg.norm_length),
-        tcfg.micro_batch_tokens, tcfg.grad_clip, extra={"adv": adv}, full_mask=known, temperature=temperature,
-        top_k=top_k, top_p=top_p, with_entropy=tcfg.log_entropy, entropy_grad=bool(acfg.entropy_coef))
+        budget, tcfg.grad_clip, extra={"adv": adv}, full_mask=known, with_entropy=tcfg.log_entropy,
+        entropy_grad=bool(acfg.entropy_coef), logprobs_out=old if keep_old else None, **sampling)
+    if keep_old and old is not None:
+        batch.old_logprobs = old
     metrics.update(means)
-    if known is not None:  # rows were skipped: the masks of the whole batch
-        metrics.update(algo.advantage_stats(adv, known * (batch.loss_mask > 0)))
+    if known is not None:  # rows were not forwarded with grad: the masks of the whole batch
+        metrics.update(algo.advantage_stats(adv, trained * (batch.loss_mask > 0)))
     metrics.update(step)
     return metrics
+
+
+def _logprobs_of(model, batch, budget: int, rows: list, sampling: dict):
+    """policy_logprobs of `rows`; μ (batch.infer_logprobs) stands in on the others, which are not
+    forwarded here. No forward at all when no rank has a row (FSDP2: every rank decides alike)."""
+    out = batch.infer_logprobs.float().clone()
+    if distributed.forward_count(model, len(rows), "max"):
+        out[rows] = policy_logprobs(model, batch, budget, rows=rows, **sampling)[rows]
+    return out
 
 
 def sft_step(model, opt, sched, batch, tcfg) -> dict:
@@ -410,12 +467,6 @@ def sft_step(model, opt, sched, batch, tcfg) -> dict:
         m = mb.loss_mask.float() * mb.valid[:, None]
         return -(lp * m).sum(), m, None
 
-    means, step = optimizer_step(model, opt, sched, batch, range(len(batch)), micro_loss,
-                                 lambda mask: max(float(mask.sum()), 1.0), tcfg.micro_batch_tokens, tcfg.grad_clip)
+    means, step, _ = optimizer_step(model, opt, sched, batch, range(len(batch)), micro_loss,
+                                    lambda mask: max(float(mask.sum()), 1.0), tcfg.micro_batch_tokens, tcfg.grad_clip)
     return {**means, **step}
-
-
-def fill_old_logprobs(model, batch, budget: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0):
-    """batch.old_logprobs = log π_θ(token) under the current weights, before the first of several
-    updates on the batch (the ratios of the later ones are measured against it)."""
-    batch.old_logprobs = policy_logprobs(model, batch, budget, temperature, top_k, top_p)

@@ -14,8 +14,9 @@ import signal
 import time
 from dataclasses import dataclass
 
-from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, cgroup_dirs, cgroup_pids, cgroup_read,
-                       container_procs, deleted_open_bytes, dir_bytes, docker_exec, fd_targets, first_child, forget, names_container,
+from container import (FILES_LIMIT, FLOOD_LIMIT, Capped, HostDown, InfraError, cgroup_dirs, cgroup_pids,
+                       cgroup_read, container_procs, deleted_open_bytes, dir_usage, docker_exec, fd_targets,
+                       first_child, forget, names_container,
                        next_frame, readlink, remove, repair_dev_null, stopped_by_docker)
 from hosts import Host
 from task_folders import Task
@@ -359,22 +360,32 @@ class Terminal:
     def check_disk(self):
         """End the terminal (dead) when what it holds on the host's disk is over disk_cap_mb: its
         writable layer (unless a storage quota caps it: disk_quota), its volumes, and files deleted
-        while still open on either (test_hostile.test_disk_cap_*)."""
-        upper = self.layers[0]
+        while still open on either (test_hostile.test_disk_cap_*); each file is charged at least
+        container.FILE_BLOCK, and more than container.FILES_LIMIT files end it, quota or not
+        (test_hostile.test_file_count_is_capped_like_bytes)."""
+        upper, files = self.layers[0], 0
         if upper and self.local and os.path.isdir(upper):
             volumes = [v for v in self.volumes if os.path.isdir(v)]
             devices = {os.stat(p).st_dev for p in volumes}
-            used = sum(dir_bytes(v) for v in volumes)
+            used = 0
+            for v in volumes:
+                b, n = dir_usage(v, FILES_LIMIT)
+                used, files = used + b, files + n
+            b, n = dir_usage(upper, FILES_LIMIT)
+            files += n
             if not self.disk_quota:
                 devices.add(os.stat(f"/proc/{self.host_pid}/root").st_dev)  # the overlay, as the container sees it
-                used += dir_bytes(upper)
+                used += b
             used += deleted_open_bytes(self.procs() or {}, devices)
         elif self.disk_quota:
             return
         else:  # a remote daemon: it measures the layer itself (slower); volumes and deleted files are not seen
             used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
-        if used > self.disk_cap_mb << 20:
+        if files > FILES_LIMIT:
+            self.dead = f"the container holds more than {FILES_LIMIT} files"
+        elif self.disk_cap_mb and used > self.disk_cap_mb << 20:
             self.dead = f"the container's files grew past its disk cap of {self.disk_cap_mb} MiB"
+        if self.dead:
             _kill_command(self, self._floor, shell_too=True)
 
     def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):

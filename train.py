@@ -538,14 +538,10 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
             # move every weight (tests/test_train.py::test_a_batch_without_signal_leaves_the_weights_alone)
             train_now = distributed.all_mean([float(algo.can_move(batch, adv, r.acfg))], world)[0] > 0
         if train_now:
-            if cfg.train.updates_per_step > 1:  # PPO epochs: later updates measure ratios against π_old
-                learner.fill_old_logprobs(model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature,
-                                          r.rcfg.top_k, r.rcfg.top_p)
-            if r.acfg.kl_coef:
-                learner.fill_ref_logprobs(model, r.ref_model, batch, cfg.train.micro_batch_tokens, r.rcfg.temperature)
-            for _ in range(cfg.train.updates_per_step):
+            for _ in range(cfg.train.updates_per_step):  # PPO epochs: the first one's forwards are π_old
                 m = learner.rl_step(model, opt, sched, batch, adv, r.acfg, cfg.train, r.rcfg.temperature,
-                                    r.rcfg.top_k, r.rcfg.top_p)
+                                    r.rcfg.top_k, r.rcfg.top_p, ref_model=r.ref_model,
+                                    keep_old=cfg.train.updates_per_step > 1)
                 rundir.stop_if_non_finite(step + 1, m)
         t_train = time.time() - t0
 

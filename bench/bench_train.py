@@ -72,7 +72,7 @@ def scripted_batch(cfg, tok, n_tasks: int = 16, group_size: int = 2):
     batch.reward = torch.where(batch.valid, torch.arange(len(batch)).remainder(2).float(), batch.reward)
     acfg = config.algo_cfg(cfg)
     adv = algo.compute_advantages(batch, acfg)
-    rows, _ = algo.rows_that_train(batch, adv, algo.keep_rows(batch, adv, acfg)[0], acfg)
+    rows, _, _ = algo.rows_that_train(batch, adv, algo.keep_rows(batch, adv, acfg)[0], acfg)
     return learner.select_rows(batch, rows)[0], len(trajs)  # the same tokens for both timings
 
 

@@ -267,7 +267,7 @@ def test_huge_log_ratio_on_a_trained_token_stays_finite(loss_name):
     cfg = AlgoConfig(loss=loss_name, baseline="grpo", negative_reward=-1.0)
     adv = algo.compute_advantages(b, cfg)
     assert adv[0, 1] < 0 and b.loss_mask[0, 1] == 1
-    loss, m = algo.policy_loss(lp, b, adv, cfg)
+    loss, m, _ = algo.policy_loss(lp, b, adv, cfg)
     loss.backward()
     assert math.isfinite(loss.item()) and torch.isfinite(lp.grad).all(), (loss, lp.grad)
     assert all(math.isfinite(v) for v in m.values()), m
@@ -285,7 +285,7 @@ def test_drop_zero_advantage_averages_over_the_successes_alone():
     adv = algo.compute_advantages(b, base)
     keep, m = algo.keep_rows(b, adv, drop)
     assert keep.tolist() == [True, False, True, False, True] and m["zero_advantage_frac"] == pytest.approx(0.4)
-    (l_all, _), (l_drop, _) = (algo.policy_loss(lp, b, adv, c) for c in (base, drop))
+    (l_all, _, _), (l_drop, _, _) = (algo.policy_loss(lp, b, adv, c) for c in (base, drop))
     assert l_drop.item() == pytest.approx(l_all.item() * 5 / 3)  # seq_mean_token_mean: 5 rows -> 3
     # by hand: the mean over rows 0, 2, 4 of each row's token-mean of -G·log π, G = γ^(K-1-k)
     # (+ NLL on the prefill; row 4's sampled token has G = 0 but counts in its row's mean)
@@ -349,7 +349,7 @@ def test_gspo_sequence_ratio_value_and_gradient():
         assert ratio[0, t].item() == pytest.approx(s0) and loss[0, t].item() == pytest.approx(-s0)
         assert lp.grad[0, t].item() == pytest.approx(-s0)             # s_i·∇log π_θ(t)·A
     for t in (1, 2):
-        assert loss[1, t].item() == pytest.approx(-1.1 * 0.5) and hi[1, t]
+        assert ratio[1, t].item() == pytest.approx(s1) and loss[1, t].item() == pytest.approx(-1.1 * 0.5) and hi[1, t]
         assert lp.grad[1, t].item() == 0.0                            # clipped: no gradient
     assert lp.grad[0, 4].item() == 0.0 and not hi[0].any() and not lo.any()
 
@@ -404,7 +404,7 @@ def test_policy_loss_ppo_with_kl_entropy_tis_by_hand():
     cfg = AlgoConfig(loss="ppo", baseline="grpo", negative_reward=None, gamma=1.0, mismatch="token_tis",
                      mismatch_cap=2.0, agg="token_mean", kl_coef=0.1, entropy_coef=0.01)
     adv = algo.compute_advantages(b, cfg)
-    loss, m = algo.policy_loss(lp, b, adv, cfg, entropy=ent, ref_logprobs=ref)
+    loss, m, _ = algo.policy_loss(lp, b, adv, cfg, entropy=ent, ref_logprobs=ref)
     total, n = 0.0, 0
     for r, toks, a in [(0, (1, 2, 4), 0.5), (1, (1, 2), -0.5)]:
         for t in toks:
@@ -526,7 +526,7 @@ def test_mismatch_masked_chunk_gets_exactly_zero_gradient():
     b.infer_logprobs[0, 4:7] -= 3.0                    # chunk 1 of row 0: π_old/μ = e^3 > H = 5
     cfg = AlgoConfig()                                 # ipa + chunk_mask
     adv = algo.compute_advantages(b, cfg)
-    loss, m = algo.policy_loss(lp, b, adv, cfg)
+    loss, m, _ = algo.policy_loss(lp, b, adv, cfg)
     loss.backward()
     assert torch.equal(lp.grad[0, 4:7], torch.zeros(3))
     assert (lp.grad[b.loss_mask.bool()].ne(0).sum()) == int(b.loss_mask.sum()) - 3
@@ -543,7 +543,7 @@ def test_all_masked_batch_gives_finite_zero_loss(loss_name):
         b.old_logprobs = lp.detach() - 30.0                 # absurd ratios must not leak NaN
         ent, ref = torch.rand_like(lp), lp.detach() + 50.0
         adv = algo.compute_advantages(b, cfg)
-        loss, m = algo.policy_loss(lp, b, adv, cfg, entropy=ent, ref_logprobs=ref)
+        loss, m, _ = algo.policy_loss(lp, b, adv, cfg, entropy=ent, ref_logprobs=ref)
         loss.backward()
         assert loss.item() == 0.0 and torch.equal(lp.grad, torch.zeros_like(lp))
         assert all(math.isfinite(v) for v in m.values())
@@ -560,11 +560,11 @@ def test_invalid_rows_give_zero_gradient_and_change_nothing(loss_name):
     ref = lp.detach() - 0.3                            # KL gives every trained token a gradient
     cfg = AlgoConfig(loss=loss_name, baseline="grpo", negative_reward=None, kl_coef=0.1)
     adv = algo.compute_advantages(b, cfg)
-    loss, m = algo.policy_loss(lp, b, adv, cfg, ref_logprobs=ref)
+    loss, m, _ = algo.policy_loss(lp, b, adv, cfg, ref_logprobs=ref)
     loss.backward()
     assert torch.equal(lp.grad[1], torch.zeros(5)) and lp.grad[0].abs().sum() > 0
     sub, _ = learner.select_rows(b, [0, 2, 3])
-    sub_loss, _ = algo.policy_loss(lp.detach()[[0, 2, 3]], sub, algo.compute_advantages(sub, cfg), cfg,
+    sub_loss, _, _ = algo.policy_loss(lp.detach()[[0, 2, 3]], sub, algo.compute_advantages(sub, cfg), cfg,
                                    ref_logprobs=ref[[0, 2, 3]])
     assert loss.item() == pytest.approx(sub_loss.item())
     assert m["invalid_frac"] == 0.25 and m["logprob_gap_abs"] == 0.0
@@ -575,7 +575,7 @@ def test_imitation_term_is_discount_weighted_nll_on_prefilled_tokens():
     lp = rand_lp(b, seed=6).requires_grad_()
     cfg = AlgoConfig(gamma=0.5, imitation_coef=0.3, rl_coef=2.0, agg="token_mean", mismatch="none")
     adv = algo.compute_advantages(b, cfg)
-    loss, m = algo.policy_loss(lp, b, adv, cfg)
+    loss, m, _ = algo.policy_loss(lp, b, adv, cfg)
     loss.backward()
     n = 2 + 2 + 2 + 2  # imitation 4 + sampled 4 tokens
     for t, k in [(1, 0), (2, 0), (4, 1), (5, 1)]:      # K = 3
@@ -601,23 +601,22 @@ def test_micro_batches_add_up_to_the_full_batch(agg):
     b.infer_logprobs[4, 5] -= 5.0                      # one chunk masked by mismatch
     adv = algo.compute_advantages(b, cfg)
     lp, ent = algo.token_logprobs(pol(b.input_ids), b.input_ids, with_entropy=True, entropy_grad=True)
-    full, fm = algo.policy_loss(lp, b, adv, cfg, entropy=ent)
+    full, fm, _ = algo.policy_loss(lp, b, adv, cfg, entropy=ent)
     g_full = grads(pol, full)
     assert fm["filtered_group_share"] == pytest.approx(1 / 3)  # group 1 is all failures
 
     keep, _ = algo.keep_rows(b, adv, cfg)
-    rows, known = algo.rows_that_train(b, adv, keep, cfg)
-    assert known is None and rows == [i for i in range(len(b)) if keep[i]]  # entropy: every kept row trains
+    rows, probe, known = algo.rows_that_train(b, adv, keep, cfg)
+    assert known is None and not probe and rows == [i for i in range(len(b)) if keep[i]]  # entropy: every kept row trains
     total, masks = 0.0, torch.zeros_like(b.loss_mask)
     pol.zero_grad()
     for idx in [[0, 2, 4], [1, 3, 5]]:                 # groups split across micro-batches
         mb, ex = learner.select_rows(b, idx, {"adv": adv})
         lp, ent = algo.token_logprobs(pol(mb.input_ids), mb.input_ids, with_entropy=True, entropy_grad=True)
-        loss, _ = algo.policy_loss(lp, mb, ex["adv"], cfg, entropy=ent, keep=keep[idx], denominator=1.0)
+        loss, _, mask = algo.policy_loss(lp, mb, ex["adv"], cfg, entropy=ent, keep=keep[idx], denominator=1.0)
         loss.backward()
         total += loss.item()
-        rl, il, _, _ = algo.train_masks(mb, ex["adv"], cfg, mb.old_logprobs, keep[idx])
-        masks[idx, :rl.shape[1]] = (rl + il).to(masks.dtype)
+        masks[idx, :mask.shape[1]] = mask.to(masks.dtype)
     den = algo.aggregation_denominator(masks, cfg.agg, cfg.norm_length)
     assert total / den == pytest.approx(full.item())
     assert torch.allclose(pol.table.grad / den, g_full, atol=1e-12)
@@ -632,11 +631,11 @@ def test_rows_that_train_leave_out_rows_without_signal_and_keep_their_tokens_in_
     cfg = AlgoConfig(baseline="none", negative_reward=0.0, mismatch="none", agg="token_mean")
     adv = algo.compute_advantages(b, cfg)
     keep, _ = algo.keep_rows(b, adv, cfg)
-    rows, known = algo.rows_that_train(b, adv, keep, cfg)
-    assert rows == [0, 2] and known is not None
+    rows, probe, known = algo.rows_that_train(b, adv, keep, cfg)
+    assert rows == [0, 2] and not probe and known is not None
     assert algo.aggregation_denominator(known, cfg.agg) == float(b.loss_mask.sum())
-    b.old_logprobs = None  # a mismatch mask needs π_old: without it, every kept row is forwarded
-    assert algo.rows_that_train(b, adv, keep, AlgoConfig(baseline="none", negative_reward=0.0))[0] == [0, 1, 2]
+    b.old_logprobs = None  # a mismatch mask needs π_old: without it, the failure is forwarded for its mask alone
+    assert algo.rows_that_train(b, adv, keep, AlgoConfig(baseline="none", negative_reward=0.0)) == ([0, 2], [1], None)
 
 
 def test_policy_loss_errors_name_the_missing_input():
@@ -680,7 +679,7 @@ def test_one_extreme_token_masks_its_chunk():
     log_r = (b.old_logprobs - b.infer_logprobs) * b.loss_mask
     keep, _ = algo.mismatch_correction(log_r, b.loss_mask, b.chunk_ids, "chunk_mask", 5.0, floor=0.0)
     assert keep[0, 1:].eq(0).all()
-    _, m = algo.policy_loss(b.old_logprobs.clone(), b, algo.compute_advantages(b, AlgoConfig()), AlgoConfig())
+    _, m, _ = algo.policy_loss(b.old_logprobs.clone(), b, algo.compute_advantages(b, AlgoConfig()), AlgoConfig())
     assert m["mismatch_chunk_frac"] == 1.0
 
 
@@ -710,7 +709,7 @@ def test_dr_grpo_constant_leaves_valid_rows_unchanged_by_a_padded_invalid_row():
     for batch in (b, bigger):
         lp = rand_lp(batch, seed=9)[:, :]
         lp[:3, :6] = rand_lp(b, seed=9)              # the same log-probs on the valid rows
-        loss, _ = algo.policy_loss(lp, batch, algo.compute_advantages(batch, cfg), cfg)
+        loss, _, _ = algo.policy_loss(lp, batch, algo.compute_advantages(batch, cfg), cfg)
         losses.append(loss.item())
     assert losses[0] == losses[1] and losses[0] != 0.0
     with pytest.raises(ValueError, match="algo.norm_length"):
@@ -744,5 +743,41 @@ def test_defaults_are_the_papers_one_sided_reward_split():
     b = build_batch(["paa"], [1.0])
     b.old_logprobs = torch.tensor([[0.0, -3.0, -3.0]])
     b.infer_logprobs = torch.tensor([[0.0, -0.5, -0.5]])  # π_old/μ = e^-2.5 < 1/H: kept by Eq. 6
-    _, m = algo.policy_loss(b.old_logprobs.clone(), b, algo.compute_advantages(b, cfg), cfg)
+    _, m, _ = algo.policy_loss(b.old_logprobs.clone(), b, algo.compute_advantages(b, cfg), cfg)
     assert m["mismatch_chunk_frac"] == 0.0
+
+
+@pytest.mark.parametrize("loss_name", ["ipa", "gspo"])
+def test_chunk_ratio_under_token_mask_is_over_the_whole_chunk(loss_name):
+    """Bug: with mismatch token_mask, IPA's ρ_c (Eq. 8) was the geometric mean of π_θ/π_old over
+    the chunk's kept tokens, not over the chunk: log-ratios [0.4, −0.4, −1.0] with the third token
+    masked gave ρ_c = 1 instead of e^(−1/3), and a T− chunk its full weight. GSPO's sequence
+    ratio s_i is over the whole response in the same way."""
+    b = build_batch(["paaa"], [0.0])                      # T−: ρ_c weights the row
+    lp = torch.tensor([[0.0, -1.0, -1.0, -1.0]])
+    b.old_logprobs = lp - torch.tensor([[0.0, 0.4, -0.4, -1.0]])
+    b.infer_logprobs = b.old_logprobs.clone()
+    b.infer_logprobs[0, 3] -= 2.0                         # π_old/μ = e^2 > H = 5: token_mask drops it
+    cfg = AlgoConfig(loss=loss_name, mismatch="token_mask")
+    lpg = lp.clone().requires_grad_()
+    loss, m, _ = algo.policy_loss(lpg, b, algo.compute_advantages(b, cfg), cfg)
+    assert m["mismatch_token_frac"] == pytest.approx(1 / 3)
+    assert m["ratio_mean"] == pytest.approx(math.exp(-1 / 3), rel=1e-12)
+    if loss_name == "ipa":  # −w·G·log π per kept token, G = −1, w = ρ_c, mean over the 2 kept tokens
+        loss.backward()
+        assert lpg.grad[0].tolist() == pytest.approx([0.0, math.exp(-1 / 3) / 2, math.exp(-1 / 3) / 2, 0.0],
+                                                     rel=1e-12)
+
+
+def test_k3_kl_keeps_its_gradient_where_the_policy_drifted_furthest():
+    """Bug: k3_kl clamped d = log π_ref − log π_θ itself to ±20, so where d < −20 (π_θ far above
+    π_ref) its value was stuck at 19 and its gradient was 0: the KL term let go exactly there.
+    Only the exponent needs the clamp (e^d cannot overflow for d < 0)."""
+    lp = torch.tensor([[-1.0, -1.0, -1.0]], requires_grad=True)
+    ref = torch.tensor([[-31.0, -1.5, 30.0]])             # d = −30, −0.5, +31
+    kl = algo.k3_kl(lp, ref)
+    assert kl[0, :2].tolist() == pytest.approx([math.exp(-30) + 29, math.exp(-0.5) - 0.5], rel=1e-12)
+    assert math.isfinite(kl[0, 2].item())
+    kl.sum().backward()                                   # d k3 / d lp = 1 − e^d
+    assert lp.grad[0, :2].tolist() == pytest.approx([1 - math.exp(-30), 1 - math.exp(-0.5)], rel=1e-12)
+    assert math.isfinite(lp.grad[0, 2].item())

@@ -74,7 +74,7 @@ def train(cfg, steps=40, groups=8, group_size=8, prefill_share=0.0, lr=LR, seed=
         adv = algo.compute_advantages(batch, cfg)
         for _ in range(2):
             lp, ent = algo.token_logprobs(policy_logits(table, B), batch.input_ids, with_entropy=True)
-            loss, metrics = algo.policy_loss(lp, batch, adv, cfg, entropy=ent)
+            loss, metrics, _ = algo.policy_loss(lp, batch, adv, cfg, entropy=ent)
             grad, = torch.autograd.grad(loss, table)
             with torch.no_grad():  # plain SGD: torch.optim's first use imports torch._dynamo (seconds)
                 table -= lr * grad

@@ -266,6 +266,21 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
     _gone(docker_env, term)
 
 
+def test_file_count_is_capped_like_bytes(docker_env, easy_tasks):
+    """Bug: 100k empty files used no bytes, so the disk cap never saw them, yet each grade walked them
+    all (seconds each). Every file is charged at least one block against the disk cap, and the count
+    has a ceiling of its own (container.FILES_LIMIT), so an inode flood ends the episode too."""
+    cap_mb = 100
+    n = 30_000  # 117 MiB at 4 KiB a file
+    with docker_env.reset(_task(easy_tasks, 9, disk_mb=cap_mb)) as term:
+        term.run(f"mkdir /many && cd /many && python3 -c \"import os\nfor i in range({n}): os.close(os.open(str(i), os.O_CREAT))\"",
+                 timeout=120)
+        time.sleep(E.DISK_CHECK_S * 4)
+        r = term.run("echo after")
+        assert term.dead and "files" in r.output, r
+    _gone(docker_env, term)
+
+
 def test_disk_cap_counts_deleted_open_files_and_the_containers_log(docker_env, easy_tasks):
     """Bugs: files opened and then deleted held 800 MiB against a 100 MiB cap while the watchdog
     saw 0, and what a process writes to the container's own stdout went to Docker's log file on

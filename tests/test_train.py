@@ -73,6 +73,22 @@ def test_dry_run_cli_reports_a_missing_model(tmp_path):
     assert f"{tmp_path}/nope does not exist" in r.stdout and "docker: reachable" in r.stdout
 
 
+def test_dry_run_names_the_script_that_makes_a_missing_model(tmp_path):
+    """Bug: before scripts/get_smollm2.py had run, the SmolLM2 config's relative model.path
+    (out/<name>, shaped like a hub id) got `huggingface-cli download out/<name>`, a hub command for
+    a local folder. A config whose model a script makes says so (model.fetch), and the error
+    names that one command."""
+    text = (ROOT / "configs" / "smollm2-cpu.yaml").read_text()
+    assert "out/smollm2-135m-instruct" in text and "fetch: python scripts/get_smollm2.py" in text
+    missing = f"out/{tmp_path.name}-smollm2"  # relative, as shipped, and absent
+    (tmp_path / "smollm2.yaml").write_text(text.replace("out/smollm2-135m-instruct", missing))
+    r = subprocess.run([sys.executable, "train.py", "--config", str(tmp_path / "smollm2.yaml"), "--dry-run"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert f"{(ROOT / missing).resolve()} does not exist" in r.stdout
+    assert "`python scripts/get_smollm2.py`" in r.stdout and "huggingface-cli" not in r.stdout
+
+
 # --- data order and micro-batches ---------------------------------------------------------
 
 def test_step_tasks_is_a_pure_function_of_step_covering_each_epoch():
@@ -162,7 +178,7 @@ def test_rows_with_zero_gradient_are_skipped_and_the_update_is_unchanged(tiny_mo
         else:  # the reference: every row in one forward
             lp, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                               use_cache=False).logits, batch.input_ids)
-            loss, ref = algo.policy_loss(lp, batch, algo.compute_advantages(batch, acfg), acfg)
+            loss, ref, _ = algo.policy_loss(lp, batch, algo.compute_advantages(batch, acfg), acfg)
             loss.backward()
             opt.step()
         params.append([p.detach().clone() for p in model.parameters()])
@@ -177,7 +193,7 @@ def test_rows_with_zero_gradient_are_skipped_and_the_update_is_unchanged(tiny_mo
 
 
 def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir):
-    """updates_per_step > 1: fill_old_logprobs (in micro-batches) equals a one-piece forward, the
+    """updates_per_step > 1: policy_logprobs (in micro-batches) equals a one-piece forward, the
     first update sees ratio 1 and the second one ratios away from 1 (not π_θ against itself)."""
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
                             ["algo.loss=ppo", "algo.baseline=grpo", "algo.mismatch=none",
@@ -185,19 +201,123 @@ def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir)
     acfg = config.algo_cfg(cfg)
     model = learner.load_model(cfg, "cpu")
     batch = _synthetic_batch(model.config.vocab_size)
-    learner.fill_old_logprobs(model, batch, cfg.train.micro_batch_tokens)
+    pieces = learner.policy_logprobs(model, batch, cfg.train.micro_batch_tokens)
     with torch.no_grad():
         whole, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                              use_cache=False).logits, batch.input_ids)
     m = batch.attention_mask.bool()
-    torch.testing.assert_close(batch.old_logprobs[m], whole[m], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(pieces[m], whole[m], rtol=1e-4, atol=1e-5)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     adv = algo.compute_advantages(batch, acfg)
-    first = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train)
-    second = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train)
+    first = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train, keep_old=True)
+    torch.testing.assert_close(batch.old_logprobs[m], whole[m], rtol=1e-4, atol=1e-5)
+    second = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train, keep_old=True)
     assert first["ratio_min"] == pytest.approx(1.0, abs=1e-5) and first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert second["ratio_max"] - second["ratio_min"] > 1e-3
+
+
+def _forwarded_rows(model, batch):
+    """Record, for each forward of `model`, which rows of `batch` it fed and whether grad was on
+    (rows are told apart by their tokens, which _synthetic_batch draws at random)."""
+    seen = []
+
+    def hook(module, args, kwargs):
+        for ids in kwargs["input_ids"].cpu():
+            for b in range(len(batch)):
+                L = int(batch.attention_mask[b].sum())
+                if ids.shape[0] >= L and torch.equal(ids[:L], batch.input_ids[b, :L]):
+                    seen.append((b, torch.is_grad_enabled()))
+    return seen, distributed.unwrap(model).register_forward_pre_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("case, lora, budget", [
+    ("reinforce", False, 1), ("reinforce", True, 1), ("ppo_tis", False, 45), ("kl", True, 1), ("kl", False, 1)])
+def test_pi_old_from_the_first_update_equals_a_separate_pass_bit_for_bit(tiny_model_dir, case, lora, budget):
+    """updates_per_step > 1: π_old of the later updates is the first update's own forward, which runs
+    before its optimizer step. Two updates that way give the same losses, gradient norms, weights and
+    π_old, bit for bit, as the two-pass step: π_old (and π_ref) by a no-grad forward on the same
+    weights (learner.policy_logprobs), then the updates. Under temperature and top_k, with rows that
+    cannot move the weights (failures under REINFORCE, an invalid row) never forwarded with grad, and
+    the failures forwarded once without grad, for the mismatch mask their tokens count under. A
+    row's log-probs change in their last bits with the shape of the micro-batch it is forwarded in,
+    so the two-pass side feeds the model the same micro-batches: one row each (budget 1), or, where
+    every kept row trains, the kept rows (budget 45)."""
+    sets = {"reinforce": ["algo.loss=ipa", "algo.baseline=none", "algo.negative_reward=0.0", "algo.mismatch=chunk_mask"],
+            "ppo_tis": ["algo.loss=ppo", "algo.baseline=grpo", "algo.mismatch=token_tis"],
+            "kl": ["algo.loss=ipa", "algo.baseline=grpo", "algo.mismatch=chunk_mask", "algo.kl_coef=0.1"]}[case]
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", sets + [
+        f"model.path={tiny_model_dir}", f"model.lora={str(lora).lower()}", f"train.micro_batch_tokens={budget}"])
+    acfg = config.algo_cfg(cfg)
+    sampling = dict(temperature=0.7, top_k=50)
+    runs = []
+    for two_pass in (False, True):
+        torch.manual_seed(0)  # the same LoRA initialisation on both sides
+        model = learner.load_model(cfg, "cpu")
+        ref_model = learner.load_reference(cfg, "cpu") if acfg.kl_coef else None
+        batch = _synthetic_batch(model.config.vocab_size)
+        batch.valid[4], batch.reward[4] = False, float("nan")
+        if case == "reinforce":  # a success whose only chunk the mismatch mask drops: π_old/μ ≈ e^3 > H
+            batch.infer_logprobs[2] -= 10.0 * batch.loss_mask[2]
+        adv = algo.compute_advantages(batch, acfg)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        seen, handle = _forwarded_rows(model, batch)
+        if two_pass:
+            kept = [0, 1, 2, 3, 5] if budget > 1 else None
+            batch.old_logprobs = learner.policy_logprobs(model, batch, budget, rows=kept, **sampling)
+            if acfg.kl_coef:
+                learner.fill_ref_logprobs(model, ref_model, batch, budget, rows=kept, **sampling)
+        ms = [learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train, ref_model=ref_model,
+                              keep_old=not two_pass, **sampling) for _ in range(2)]
+        handle.remove()
+        runs.append((ms, [p.detach().clone() for p in model.parameters()], batch, seen))
+    (new, w_new, b_new, seen), (old, w_old, b_old, _) = runs
+    kept = [0, 1, 2, 3, 5]
+    for a, b in zip(new, old):
+        assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"])
+    assert new[1]["rows_trained"] == old[1]["rows_trained"]
+    assert new[0]["grad_norm"] > 0
+    if case != "reinforce":  # (there π_old only decides masks: no row is T−)
+        assert new[0]["ratio_mean"] == 1.0 != new[1]["ratio_mean"]  # the second update measured against π_old
+    assert all(torch.equal(a, b) for a, b in zip(w_new, w_old))
+    assert torch.equal(b_new.old_logprobs[kept], b_old.old_logprobs[kept])
+    if acfg.kl_coef:
+        assert torch.equal(b_new.ref_logprobs[kept], b_old.ref_logprobs[kept])
+        assert new[0]["kl_ref"] == 0.0 < new[1]["kl_ref"]  # π_ref over the sampler's support, as π_θ
+    first = seen[:len(seen) - new[1]["rows_trained"]]  # the forwards before the first optimizer step
+    if case == "reinforce":
+        assert sorted(first) == [(0, True), (1, False), (2, True), (3, False), (5, True)]
+        assert new[1]["rows_trained"] == 2  # the masked success does not move the weights: not forwarded again
+    elif case == "ppo_tis":
+        assert sorted(first) == [(b, True) for b in kept]
+    assert 4 not in {b for b, _ in seen}  # the invalid row is never forwarded
+
+
+def test_pi_old_is_measured_apart_when_dropout_is_on(tiny_model_dir):
+    """With lora_dropout a training forward is not π_θ: π_old then comes from a no-grad pass before the
+    first update (the same log-probs learner.policy_logprobs gives), not from that update's forward."""
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [
+        "algo.loss=ppo", "algo.baseline=grpo", "algo.mismatch=none", f"model.path={tiny_model_dir}",
+        "model.lora=true", "model.lora_dropout=0.5", "train.micro_batch_tokens=1"])
+    acfg = config.algo_cfg(cfg)
+    torch.manual_seed(0)
+    model = learner.load_model(cfg, "cpu")
+    with torch.no_grad():  # an adapter that acts, so that its dropout changes the forward
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    assert learner.dropout_active(model)
+    batch = _synthetic_batch(model.config.vocab_size)
+    want = learner.policy_logprobs(model, batch, 1)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    learner.rl_step(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), batch,
+                    algo.compute_advantages(batch, acfg), acfg, cfg.train, keep_old=True)
+    assert torch.equal(batch.old_logprobs, want)
+    model.train()
+    with torch.no_grad():
+        dropped, _ = learner.model_logprobs(model, batch.input_ids[:1, :40], batch.attention_mask[:1, :40])
+    assert not torch.equal(dropped[0], want[0, :40])  # a training forward would not have been π_old
 
 
 @pytest.mark.parametrize("lora", [False, True])
