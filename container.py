@@ -460,6 +460,35 @@ def container_procs(init_pid: int, cgroup: dict | None = None) -> dict | None:
     return procs
 
 
+_READ_NR = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine)  # read(2), as /proc/PID/syscall names it
+
+
+def chars_read(hpid: int) -> int:
+    """Bytes the process has read so far (/proc/PID/io rchar), -1 when unknown."""
+    with contextlib.suppress(OSError, ValueError, TypeError, IndexError):
+        with open(f"/proc/{hpid}/io") as f:
+            return int(f.readline().split()[1])
+    return -1
+
+
+def reading_pipe(hpid: int, pipe: str) -> bool:
+    """Whether the process is blocked in read(2) on `pipe` (a readlink target such as 'pipe:[123]')."""
+    if _READ_NR is None:
+        return False
+    try:
+        with open(f"/proc/{hpid}/syscall") as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    return len(fields) >= 2 and fields[0] == str(_READ_NR) and readlink(f"/proc/{hpid}/fd/{int(fields[1], 16)}") == pipe
+
+
+def pid_limit_hits(cgroup: dict) -> int:
+    """How often a fork in the container failed at its pid limit (the cgroup's pids.events)."""
+    m = re.search(r"^max (\d+)", cgroup_read(cgroup, "pids", "pids.events"), re.M)
+    return int(m.group(1)) if m else 0
+
+
 def deleted_open_bytes(hpids, devices: set) -> int:
     """Disk blocks of files on `devices` that are deleted but still held open by one of hpids: no
     walk of a directory sees them, yet they fill the disk until the last holder closes them."""
@@ -572,6 +601,24 @@ def dir_usage(path: str, limit: int = FILES_LIMIT) -> tuple[int, int]:
     except WalkLimit:
         return total, limit + 1
     return total, n
+
+
+def disk_use(upper: str, volumes: list, host_pid: int, procs: dict, quota: bool) -> tuple[int, int]:
+    """(bytes, files) a local container holds on the host's disk: its volumes, its writable layer
+    (bytes not counted when a storage quota caps the layer: files always are), and files deleted
+    while still open on either."""
+    volumes = [v for v in volumes if os.path.isdir(v)]
+    devices = {os.stat(p).st_dev for p in volumes}
+    used = files = 0
+    for v in volumes:
+        b, n = dir_usage(v, FILES_LIMIT)
+        used, files = used + b, files + n
+    b, n = dir_usage(upper, FILES_LIMIT)
+    files += n
+    if not quota:
+        devices.add(os.stat(f"/proc/{host_pid}/root").st_dev)  # the overlay, as the container sees it
+        used += b
+    return used + deleted_open_bytes(procs, devices), files
 
 
 def _overlay_changes(upper: str, lowers: list[str]) -> list[tuple[str, str]]:

@@ -53,16 +53,9 @@ def sharded(model) -> bool:
     return any(type(p).__name__ == "DTensor" for p in model.parameters())
 
 
-def optimizer_state(model, opt) -> dict:
-    """The optimizer state to checkpoint. Under FSDP2 it is gathered (keys are parameter names): one
-    rank's shard alone could not resume the others, nor a run with another number of ranks."""
-    if not sharded(model):
-        return opt.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 def load_optimizer_state(model, opt, sd: dict):
+    """A checkpoint's trainer.pt optimizer state into opt: one process's or DDP's opt.state_dict(),
+    or (written under FSDP2 before checkpoints were sharded) the gathered one keyed by name."""
     if all(isinstance(k, int) for k in sd.get("state", {})):  # opt.state_dict(): one process or DDP wrote it
         if sharded(model) and sd.get("state"):
             raise SystemExit("this checkpoint's optimizer state is unsharded (written without FSDP); "
@@ -71,6 +64,58 @@ def load_optimizer_state(model, opt, sd: dict):
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     set_optimizer_state_dict(model, opt, sd, options=StateDictOptions(full_state_dict=True))
+
+
+SHARDS = "dcp"  # in a torchrun checkpoint: torch.distributed.checkpoint's files, one a rank + .metadata
+
+# the trainable weights only: LoRA's frozen base is model.path's, read again at a resume
+_TRAINABLE = dict(ignore_frozen_params=True)
+
+
+def _trainer_state(model, opts: dict, weights: bool = True) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    options = StateDictOptions(**_TRAINABLE)
+    return {**({"model": get_model_state_dict(model, options=options)} if weights else {}),
+            **{key: get_optimizer_state_dict(model, opt, options=options) for key, opt in opts.items()}}
+
+
+def save_shards(path: Path, model, opts: dict) -> dict:
+    """Write this rank's shard of the weights and of each optimizer in `opts` ({key: optimizer})
+    into `path` with torch.distributed.checkpoint, every rank its own file at once: nothing is
+    gathered (under FSDP2 a rank writes the DTensor shards it holds; under DDP the replicated
+    tensors are shared out among the ranks). Collective. Returns {path under the checkpoint:
+    sha256} of the files this rank wrote, for meta.json, so no one rank reads every shard back.
+    tests/test_train.py::test_torchrun_two_ranks_move_in_step_and_resume_exactly"""
+    import hashlib
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    dcp.save(_trainer_state(model, opts), checkpoint_id=path)
+    mine = sorted(path.glob(f"__{dist.get_rank()}_*")) + ([path / ".metadata"] if dist.get_rank() == 0 else [])
+    digests = {}
+    for f in mine:
+        with open(f, "rb") as fh:
+            digests[f"{path.name}/{f.name}"] = hashlib.file_digest(fh, "sha256").hexdigest()
+    return digests
+
+
+def load_shards(path: Path, model, opts: dict, weights: bool = True):
+    """The weights (unless not `weights`) and each optimizer's state in `opts` ({key it was saved
+    under: optimizer}) from save_shards' files, each rank reading the part it holds; the number of
+    ranks and the parallel mode may differ from the run that wrote them (DCP reshards). Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    state = _trainer_state(model, opts, weights)
+    dcp.load(state, checkpoint_id=path)  # in place; a key the files lack is an error
+    options = StateDictOptions(**_TRAINABLE, strict=False)  # the frozen weights are not in the files
+    if weights:
+        set_model_state_dict(model, state["model"], options=options)
+    for key, opt in opts.items():
+        set_optimizer_state_dict(model, opt, state[key], options=options)
+
+
+def local_weights(model) -> dict:
+    """{name: this rank's part of the weight} (its shard under FSDP2), read without a collective."""
+    return {n: t.to_local() if hasattr(t, "to_local") else t for n, t in unwrap(model).state_dict().items()}
 
 
 def weights_fingerprint(model) -> list:

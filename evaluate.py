@@ -626,6 +626,10 @@ def resolve_model(spec) -> tuple[Path, Path | None, int]:
             p = ptr.parent / ptr.read_text().strip()
             break
     version = 0
+    if (p / "dcp").is_dir() and not (p / "model").is_dir():
+        raise ValueError(f"--model {spec}: {p} is a torchrun checkpoint holding its weights in dcp/ shards "
+                         f"only; the Hugging Face model/ is written at a run's last step (train.steps): pass "
+                         f"that step's checkpoint, or resume the run to its end")
     if (p / "model").is_dir() and (p / "meta.json").exists():
         version = int(json.loads((p / "meta.json").read_text()).get("step", 0))
         p = p / "model"

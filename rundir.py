@@ -1,6 +1,8 @@
 """The run directory, as train.py writes it: checkpoints that survive a kill, metrics, curves, summary.
 
     runs/<name>/checkpoints/step_<N>/{model/, trainer.pt, meta.json}   latest -> step_<N>
+        under torchrun: {dcp/ (each rank's shard of weights and optimizer), trainer.pt, meta.json},
+        and model/ at the run's last step
     runs/<name>/metrics.jsonl  *trajectories*.jsonl  (tb/ with TensorBoard)  curves.png  summary.txt
 
 A run directory is never clobbered and has one writer (claim_run_dir, RunLock: writer.lock).
@@ -178,27 +180,41 @@ def _disk_full(e: BaseException | None, where: Path) -> bool:
     return usage.free < min(64 << 20, usage.total // 20)
 
 
-def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_last: int) -> Path:
+def checkpoint_tmp(ckpt_root: Path, step: int) -> Path:
+    """The empty directory step <step>'s checkpoint is written into before save_checkpoint renames
+    it: under torchrun rank 0 makes it and every rank writes its shards there first."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_root / f".tmp-step_{step:06d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_last: int,
+                    tmp: Path | None = None, hashed: dict | None = None) -> Path:
     """Write step_<N>/ (model/ in HF format + trainer.pt) atomically, point `latest` at it, keep the last K and step 0.
 
     `write_model(dir)` saves the model or adapter (plus tokenizer) loadable as is by
-    transformers / peft / vLLM. A kill at any moment leaves `latest` naming a complete checkpoint.
-    meta.json records each file's sha256 and the sizes and sha256 of the run's logs (the *.jsonl
-    beside checkpoints/), which resume_checkpoint checks and cuts them back to: write a step's
-    records before its checkpoint, so a kill between the two cannot lose them. A write that fails
-    removes what it wrote, and on a full disk ends the run with one line saying so: the checkpoints
-    before it are untouched (tests/test_rundir.py::test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint).
+    transformers / peft / vLLM; None writes no model/ (a torchrun checkpoint holds its weights in
+    the dcp/ shards its ranks wrote into `tmp`, from checkpoint_tmp, with the sha256 of each file
+    in `hashed`, computed by the rank that wrote it). A kill at any moment leaves `latest` naming
+    a complete checkpoint. meta.json records each file's sha256 and the sizes and sha256 of the
+    run's logs (the *.jsonl beside checkpoints/), which resume_checkpoint checks and cuts them
+    back to: write a step's records before its checkpoint, so a kill between the two cannot lose
+    them. A write that fails removes what it wrote, and on a full disk ends the run with one line
+    saying so: the checkpoints before it are untouched
+    (tests/test_rundir.py::test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint).
     """
     import torch
-    ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
-    tmp = ckpt_root / f".tmp-step_{step:06d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.mkdir()
-        write_model(tmp / "model")
+        tmp = tmp or checkpoint_tmp(ckpt_root, step)
+        if write_model is not None:
+            write_model(tmp / "model")
         torch.save(state, tmp / "trainer.pt")
-        sha = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        hashed = hashed or {}
+        sha = {rel: hashed.get(rel) or _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()
+               for rel in [str(p.relative_to(tmp))]}
         (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time(), "sha256": sha,
                                                    "logs": log_digests(ckpt_root.parent)}))
         _fsync_tree(tmp)
@@ -207,16 +223,7 @@ def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_l
         os.rename(tmp, final)
         _write_atomic(ckpt_root / "latest", final.name + "\n")
     except Exception as e:  # not a KeyboardInterrupt: a kill leaves tmp, which the next save sweeps
-        full = _disk_full(e, ckpt_root)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not full:
-            raise
-        kept = sorted(p.name for p in ckpt_root.glob("step_*"))
-        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
-        raise SystemExit(f"checkpoint {final.name} not saved: the disk holding {ckpt_root} is full "
-                         f"({shutil.disk_usage(ckpt_root).free >> 20} MiB free once its partial files were removed; "
-                         f"{why}). " + (f"The checkpoints before it are intact ({kept[-1]} the newest)" if kept else
-                                        "No checkpoint was saved yet") + ": free space there, then continue with --resume.") from None
+        checkpoint_failed(ckpt_root, tmp or ckpt_root / f".tmp-step_{step:06d}-{os.getpid()}", final, e)
     # step 0 (the SFT-only start, what every RL gain is measured against) stays whatever keep_last
     # says: tests/test_train.py::test_keep_last_keeps_the_sft_only_start
     for old in sorted(ckpt_root.glob("step_*"))[:-keep_last] if keep_last > 0 else []:
@@ -226,6 +233,21 @@ def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_l
         if not stale.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def checkpoint_failed(ckpt_root: Path, tmp: Path, final: Path, e: Exception):
+    """Remove the partial checkpoint `tmp` that error e stopped; re-raise e, or on a full disk end
+    the run with one line naming the disk and the checkpoint a --resume starts from."""
+    full = _disk_full(e, ckpt_root)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not full:
+        raise e
+    kept = sorted(p.name for p in ckpt_root.glob("step_*"))
+    why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+    raise SystemExit(f"checkpoint {final.name} not saved: the disk holding {ckpt_root} is full "
+                     f"({shutil.disk_usage(ckpt_root).free >> 20} MiB free once its partial files were removed; "
+                     f"{why}). " + (f"The checkpoints before it are intact ({kept[-1]} the newest)" if kept else
+                                    "No checkpoint was saved yet") + ": free space there, then continue with --resume.") from None
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:

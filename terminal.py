@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import signal
 import time
 from dataclasses import dataclass
 
 from container import (FILES_LIMIT, FLOOD_LIMIT, Capped, HostDown, InfraError, cgroup_dirs, cgroup_pids,
-                       cgroup_read, container_procs, deleted_open_bytes, dir_usage, docker_exec, fd_targets,
-                       first_child, forget, names_container,
-                       next_frame, readlink, remove, repair_dev_null, stopped_by_docker)
+                       cgroup_read, chars_read, container_procs, disk_use, docker_exec, fd_targets, first_child,
+                       forget, names_container, next_frame, pid_limit_hits, reading_pipe, readlink, remove,
+                       repair_dev_null, stopped_by_docker)
 from hosts import Host
 from task_folders import Task
 
@@ -53,7 +52,6 @@ KILL_GRACE_S = 0.5      # after a timeout: how long the shell gets to end the ki
 TIMEOUT_MARGIN_S = 2.5  # run(timeout=t) returns within t + this (grace + restart on a busy machine); test_hostile checks it
 MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, numbers)
 IDLE_S = 1.0            # a shell waiting for input this long with no marker sent has lost its framing: restarted
-_READ_NR = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine)  # read(2), as /proc/PID/syscall names it
 FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n", "\\n\\036E{} 0 0\\n"]  # the marker formats, for test_hostile's forgeries
 
 
@@ -79,6 +77,59 @@ def _command_line(cmd: str, nonce: str, answer: int) -> str:
             "\\trap - DEBUG RETURN; } 2>&-; "
             f"__termrl_run '\\trap - DEBUG RETURN && __termrl_rc {answer}' <&$__termrl_in 2>&-; "
             f"{{ \\builtin printf '\\n\\036E%s%s %d %d\\n' {a} {b} \"$__termrl_last\" $? >&$__termrl_out; }} 2>&-\n")
+
+
+class _Stream:
+    """The shell's output as docker stream frames, read up to a framing marker. `idle()` says when
+    the shell waits for input that will not come (Terminal._idle): the marker then never arrives."""
+
+    def __init__(self, sock, idle, raw: bytearray | None = None):
+        self.sock, self.idle = sock, idle
+        self.raw, self.pending = raw if raw is not None else bytearray(), bytearray()
+
+    def frames(self, deadline: float) -> bytes | None:
+        """Payload of the next docker stream frames; b"" when the session ended, None on timeout,
+        False when the shell has waited for input IDLE_S with nothing sent (its framing is broken)."""
+        idle_since = None
+        while True:
+            now = time.monotonic()
+            data = next_frame(self.sock, self.raw, min(deadline, now + IDLE_S / 4))
+            if data is not None or time.monotonic() >= deadline:
+                return data
+            if not self.idle():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif time.monotonic() - idle_since >= IDLE_S:
+                return False
+
+    def read_until(self, marker: bytes, deadline: float, sink: Capped, flood: int = 0):
+        """Stream into sink until `marker<digits>\\n`; returns (found, digits | reason)."""
+        window = bytes(self.pending)
+        self.pending = bytearray()
+        keep = len(marker) + 24
+        while True:
+            i = window.find(marker)
+            if i >= 0:
+                j = window.find(b"\n", i + len(marker))
+                if j >= 0:
+                    sink.add(window[:i])
+                    self.pending += window[j + 1:]
+                    return True, window[i + len(marker):j].decode()
+            elif len(window) > keep:
+                sink.add(window[:-keep])
+                window = window[-keep:]
+            if flood and sink.total > flood:
+                self.pending += window
+                return False, "flood"
+            data = self.frames(deadline)
+            if data is None or data is False:
+                self.pending += window
+                return False, "timeout" if data is None else "idle"
+            if data == b"":
+                sink.add(window)
+                return False, "eof"
+            window += data
 
 
 class Terminal:
@@ -121,7 +172,7 @@ class Terminal:
         self.local = (host is None or host.host_side) and names_container(self.host_pid, container_id)
         self._cgroup = cgroup_dirs(self.host_pid, container_id) if self.local else {}
         self._pids_max = cgroup_read(self._cgroup, "pids", "pids.max")
-        self._pids_hits = self._pid_limit_hits()
+        self._pids_hits = pid_limit_hits(self._cgroup)
         self.networked = False  # joined the grading network (grading.grade)
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
         self.layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
@@ -139,13 +190,13 @@ class Terminal:
         ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
                                          stderr=True, tty=False, environment=SESSION_ENV)
         self._exec_id = ex["Id"]
-        self._sock = self._out = self.client.api.exec_start(self._exec_id, socket=True)._sock
+        self._sock = self.client.api.exec_start(self._exec_id, socket=True)._sock
+        self._stream = _Stream(self._sock, self._idle)
         self._shell = self._in_pipe = None  # host pid and input pipe of the shell, once it answered
         self._socks.append(self._sock)
-        self._raw, self._pending = bytearray(), bytearray()
         nonce = os.urandom(8).hex()
         self._send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
-        found, pid = self._read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30, Capped(4096))
+        found, pid = self._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30, Capped(4096))
         if not found:
             raise InfraError(f"container {self.id[:12]}: the bash session did not start")
         self._session_pid = int(pid)
@@ -161,74 +212,17 @@ class Terminal:
 
     def _send(self, text: str):
         data = text.encode()
-        self._sent = (self._rchar(), len(data))
+        self._sent = (chars_read(self._shell) if self._shell else -1, len(data))
         self._sock.sendall(data)
-
-    def _rchar(self) -> int:
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            with open(f"/proc/{self._shell}/io") as f:
-                return int(f.readline().split()[1])
-        return -1
 
     def _idle(self) -> bool:
         """Whether the shell has read all it was sent and waits for more (seen from outside the
         container, so nothing the agent did to the shell changes the answer): the framing then
         sent no marker the harness waits for."""
-        if _READ_NR is None or not self._shell or not self._in_pipe:
-            return False
-        try:
-            with open(f"/proc/{self._shell}/syscall") as f:
-                fields = f.read().split()
-        except OSError:
-            return False
-        if len(fields) < 2 or fields[0] != str(_READ_NR) or readlink(f"/proc/{self._shell}/fd/{int(fields[1], 16)}") != self._in_pipe:
+        if not self._shell or not self._in_pipe or not reading_pipe(self._shell, self._in_pipe):
             return False
         before, sent = self._sent
-        return before >= 0 and self._rchar() - before >= sent
-
-    def _frames(self, deadline: float) -> bytes | None:
-        """Payload of the next docker stream frames; b"" when the session ended, None on timeout,
-        False when the shell has waited for input IDLE_S with nothing sent (its framing is broken)."""
-        idle_since = None
-        while True:
-            now = time.monotonic()
-            data = next_frame(self._out, self._raw, min(deadline, now + IDLE_S / 4))
-            if data is not None or time.monotonic() >= deadline:
-                return data
-            if not self._idle():
-                idle_since = None
-            elif idle_since is None:
-                idle_since = now
-            elif time.monotonic() - idle_since >= IDLE_S:
-                return False
-
-    def _read_until(self, marker: bytes, deadline: float, sink: Capped, flood: int = 0):
-        """Stream into sink until `marker<digits>\\n`; returns (found, digits | reason)."""
-        window = bytes(self._pending)
-        self._pending = bytearray()
-        keep = len(marker) + 24
-        while True:
-            i = window.find(marker)
-            if i >= 0:
-                j = window.find(b"\n", i + len(marker))
-                if j >= 0:
-                    sink.add(window[:i])
-                    self._pending += window[j + 1:]
-                    return True, window[i + len(marker):j].decode()
-            elif len(window) > keep:
-                sink.add(window[:-keep])
-                window = window[-keep:]
-            if flood and sink.total > flood:
-                self._pending += window
-                return False, "flood"
-            data = self._frames(deadline)
-            if data is None or data is False:
-                self._pending += window
-                return False, "timeout" if data is None else "idle"
-            if data == b"":
-                sink.add(window)
-                return False, "eof"
-            window += data
+        return before >= 0 and chars_read(self._shell) - before >= sent
 
     def procs(self) -> dict | None:
         return container_procs(self.host_pid, self._cgroup) if self.local else None
@@ -279,7 +273,7 @@ class Terminal:
         t0 = time.monotonic()
         if self.dead:
             return self._dead_result(t0)
-        first = self._end_fork_bomb()
+        first = _end_fork_bomb(self)
         restarts = self._restarts
         note, sink = "", Capped(self.output_cap)
         nonce, answer = os.urandom(8).hex(), 1 + os.urandom(1)[0] % 120
@@ -292,10 +286,10 @@ class Terminal:
                                  None, False, time.monotonic() - t0, False, shell_restarted=True)
         deadline = t0 + timeout
         # what arrives before the begin marker is background output between commands: dropped
-        found, wm = self._read_until(f"{MARK}B{nonce} ".encode(), deadline, Capped(0))
+        found, wm = self._stream.read_until(f"{MARK}B{nonce} ".encode(), deadline, Capped(0))
         exit_code, timed_out = None, False
         if found:
-            found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
+            found, status = self._stream.read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
             if found and _answered(status, answer):
                 exit_code = int(status.split()[0])
                 note += _detach_background(self)
@@ -335,27 +329,12 @@ class Terminal:
 
     def _recover(self, watermark: int, why: str, sink: Capped, nonce: str, answer: int) -> str:
         _kill_command(self, watermark)
-        found, status = self._read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
+        found, status = self._stream.read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
         if found and _answered(status, answer):
             return f"\n[command {why} and was killed; the shell is still usable]"
         if not self._restart_session():
             return ""
         return f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd were reset]"
-
-    def _end_fork_bomb(self) -> str:
-        """When a fork failed at the container's pid limit since the last command (a fork bomb, most
-        likely still running), end every background process: otherwise no command could fork."""
-        hits = self._pid_limit_hits()
-        if hits <= self._pids_hits:
-            return ""
-        _kill_command(self, self._floor)  # the shell only gets USR1, which an idle shell ignores
-        self._pids_hits = self._pid_limit_hits()
-        return f"[the container reached its limit of {self._pids_max} processes: every background process was killed]\n"
-
-    def _pid_limit_hits(self) -> int:
-        """How often a fork in the container failed at its pid limit (the cgroup's pids.events)."""
-        m = re.search(r"^max (\d+)", cgroup_read(self._cgroup, "pids", "pids.events"), re.M)
-        return int(m.group(1)) if m else 0
 
     def check_disk(self):
         """End the terminal (dead) when what it holds on the host's disk is over disk_cap_mb: its
@@ -363,24 +342,13 @@ class Terminal:
         while still open on either (test_hostile.test_disk_cap_*); each file is charged at least
         container.FILE_BLOCK, and more than container.FILES_LIMIT files end it, quota or not
         (test_hostile.test_file_count_is_capped_like_bytes)."""
-        upper, files = self.layers[0], 0
+        upper = self.layers[0]
         if upper and self.local and os.path.isdir(upper):
-            volumes = [v for v in self.volumes if os.path.isdir(v)]
-            devices = {os.stat(p).st_dev for p in volumes}
-            used = 0
-            for v in volumes:
-                b, n = dir_usage(v, FILES_LIMIT)
-                used, files = used + b, files + n
-            b, n = dir_usage(upper, FILES_LIMIT)
-            files += n
-            if not self.disk_quota:
-                devices.add(os.stat(f"/proc/{self.host_pid}/root").st_dev)  # the overlay, as the container sees it
-                used += b
-            used += deleted_open_bytes(self.procs() or {}, devices)
+            used, files = disk_use(upper, self.volumes, self.host_pid, self.procs() or {}, self.disk_quota)
         elif self.disk_quota:
             return
         else:  # a remote daemon: it measures the layer itself (slower); volumes and deleted files are not seen
-            used = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0)
+            used, files = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0), 0
         if files > FILES_LIMIT:
             self.dead = f"the container holds more than {FILES_LIMIT} files"
         elif self.disk_cap_mb and used > self.disk_cap_mb << 20:
@@ -467,6 +435,22 @@ def _watermark(text: str, floor: int) -> int:
     return int(text) if text.isdigit() else floor
 
 
+def _end_fork_bomb(term) -> str:
+    """When a fork failed at the container's pid limit since the last command (a fork bomb, most
+    likely still running), end every background process: otherwise no command could fork."""
+    if pid_limit_hits(term._cgroup) <= term._pids_hits:
+        return ""
+    _kill_command(term, term._floor)  # the shell only gets USR1, which an idle shell ignores
+    # a fork under way when the container froze fails at the limit after the thaw: count the hits
+    # once the killed processes are gone, or the next command would end a bomb that is over
+    end = time.monotonic() + 2
+    while time.monotonic() < end and any(n > term._floor and n != term._session_pid and n not in term._relays
+                                         for n in (term.procs() or {}).values()):
+        time.sleep(0.02)
+    term._pids_hits = pid_limit_hits(term._cgroup)
+    return f"[the container reached its limit of {term._pids_max} processes: every background process was killed]\n"
+
+
 def _kill_command(term, watermark: int, shell_too: bool = False) -> bool:
     """Kill every process the current command started (pids above the watermark); the shell gets
     USR1 (ends the command) or, with shell_too, SIGKILL. True when nothing above it is left."""
@@ -540,8 +524,10 @@ def _detach_background(term) -> str:
         nonce = os.urandom(8).hex()
         term._send(f"{{ exec {{__termrl_out}}>&- {{__termrl_out}}>/proc/{pid}/fd/1; }} 2>&-; exec {redirs}; "
                    f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} 0 >&$__termrl_out\n")
-        term._out, term._raw = sock, buf
-        found, _ = term._read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 10, Capped(0))
+        pending = term._stream.pending
+        term._stream = _Stream(sock, term._idle, buf)
+        term._stream.pending = pending
+        found, _ = term._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 10, Capped(0))
         if not found:
             return ""
         host = next((h for h, n in (term.procs() or {}).items() if n == pid), None)

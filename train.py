@@ -225,39 +225,95 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
         torch.distributed.barrier()
     distributed.check_shared_dirs([out] + ([Path(cfg.model.path)] if cfg.model.build_tiny else []), world)
     learner.check_model_path(cfg)
-    ckpt, state = rundir.resume_checkpoint(out / "checkpoints") if resume else (None, {})
+    ckpt, state = resume_point(out, resume, rank, world)
     if rank == 0:
         (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     log = RunLog(out, ckpt is not None, cfg.tensorboard and rank == 0, write=rank == 0)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    model = learner.load_model(cfg, device, ckpt)
+    shards = ckpt / distributed.SHARDS if "sharded" in state else None  # a torchrun checkpoint's weights
+    model = learner.load_model(cfg, device, None if shards else ckpt)
     ref_model = learner.load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
     terminals = make_env(cfg)
     if world > 1:
         model = distributed.wrap_parallel(model, cfg, device, learner.compute_dtype(cfg, device))
+    if shards:  # each rank reads its own part of the weights (the optimizer's: rl_optimizer)
+        distributed.load_shards(shards, model, {})
     return Run(cfg, device, rank, world, out, rcfg, acfg, train_tasks, eval_tasks, ckpt, state,
                state.get("experts", {}), log, tok, model, ref_model, terminals, lock)
 
 
+def resume_point(out: Path, resume: bool, rank: int, world: int) -> tuple[Path | None, dict]:
+    """(the checkpoint to resume, its trainer.pt) from rundir.resume_checkpoint, which checks every
+    file and cuts the logs: rank 0 alone does it and every rank takes its answer (its refusal too),
+    so no rank but rank 0 reads the others' shards."""
+    if not resume:
+        return None, {}
+    found = refusal = None
+    if rank == 0:
+        try:
+            found = rundir.resume_checkpoint(out / "checkpoints")
+        except SystemExit as e:
+            refusal = e.code
+    found, refusal = distributed.from_rank0((found, refusal), world)
+    if refusal is not None:
+        raise SystemExit(refusal)
+    return found
+
+
 def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
-    """checkpoints/step_<step>: the model (HF format) and the trainer's state; every rank takes part."""
+    """checkpoints/step_<step>: the model and the trainer's state; every rank takes part. One
+    process writes model/ (HF format) and trainer.pt whole, as a resume and the engine read them;
+    under torchrun each rank writes its own shard (sharded_checkpoint)."""
     cfg = r.cfg
     st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state(),
           "experts": r.experts}
+    keep_sft = sft_opt is not None and cfg.sft.keep_moments  # a resume from the SFT-only start carries them too
+    if r.world > 1:
+        return sharded_checkpoint(r, step, st, {"optimizer": opt} if opt is not None else
+                                  {"sft_optimizer": sft_opt} if keep_sft else {}, sched)
     if opt is not None:
-        st.update(optimizer=distributed.optimizer_state(r.model, opt), scheduler=sched.state_dict())
-    elif sft_opt is not None and cfg.sft.keep_moments:  # a resume from the SFT-only start carries them too
-        st["sft_optimizer"] = distributed.optimizer_state(r.model, sft_opt)
-    if r.world > 1:
-        st["rank_fingerprints"] = distributed.check_in_step(r.model, r.world, step)
-    full = distributed.full_state_dict(r.model)  # collective under FSDP: every rank takes part
-    root = r.out / "checkpoints"
+        st.update(optimizer=opt.state_dict(), scheduler=sched.state_dict())
+    elif keep_sft:
+        st["sft_optimizer"] = sft_opt.state_dict()
+    full = distributed.unwrap(r.model).state_dict()
+    rundir.stop_if_non_finite(step, weights=full)
+    return save_checkpoint(r.out / "checkpoints", step, lambda d: learner.save_model(r.model, r.tok, d, full), st,
+                           cfg.checkpoint.keep_last)
+
+
+def sharded_checkpoint(r: Run, step: int, st: dict, opts: dict, sched) -> Path:
+    """A torchrun checkpoint: every rank writes its shard of the weights and of `opts`' optimizer
+    states into dcp/ at once (distributed.save_shards), inside rank 0's atomic step directory; rank
+    0 adds trainer.pt (`st`: steps, RNG, experts, schedule) and meta.json. Nothing is gathered, and
+    no rank waits for rank 0's part. The Hugging Face model/ for inference is the run's last step's
+    alone (gathered to rank 0 once a run); a resume and the engine read the shards' weights."""
+    cfg, root = r.cfg, r.out / "checkpoints"
+    st["sharded"] = sorted(opts)
+    if sched is not None:
+        st["scheduler"] = sched.state_dict()
+    st["rank_fingerprints"] = distributed.check_in_step(r.model, r.world, step)
+    try:  # each rank its own shard; every rank stops alike, naming the first rank's finding
+        rundir.stop_if_non_finite(step, weights=distributed.local_weights(r.model))
+        bad = None
+    except SystemExit as e:
+        bad = e.code
+    bad = next((b for b in distributed.gather(bad, r.world) if b is not None), None)
+    if bad is not None:
+        raise SystemExit(bad)
+    tmp = distributed.from_rank0(rundir.checkpoint_tmp(root, step) if r.rank == 0 else None, r.world)
+    final = root / f"step_{step:06d}"
+    try:
+        hashed = distributed.save_shards(tmp / distributed.SHARDS, r.model, opts)
+    except Exception as e:  # a rank's write failed: DCP raises it on every rank
+        if r.rank == 0:
+            rundir.checkpoint_failed(root, tmp, final, e)
+        raise SystemExit(f"checkpoint {final.name} not saved (rank {r.rank}: {type(e).__name__}); rank 0 says why")
+    hashed = {k: v for d in distributed.gather(hashed, r.world) for k, v in d.items()}
+    full = distributed.full_state_dict(r.model) if step == cfg.train.steps else None  # collective under FSDP
     if r.rank == 0:
-        rundir.stop_if_non_finite(step, weights=full)
-        save_checkpoint(root, step, lambda d: learner.save_model(r.model, r.tok, d, full), st, cfg.checkpoint.keep_last)
-    if r.world > 1:
-        torch.distributed.barrier()
-    return root / f"step_{step:06d}"
+        save_checkpoint(root, step, None if full is None else lambda d: learner.save_model(r.model, r.tok, d, full),
+                        st, cfg.checkpoint.keep_last, tmp=tmp, hashed=hashed)
+    return final
 
 
 def warm_start(r: Run):
@@ -278,10 +334,14 @@ def rl_optimizer(r: Run, sft_opt):
     cfg, state = r.cfg, r.state
     opt, sched = learner.make_optimizer(r.model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas,
                                         cfg.train.warmup_steps, cfg.train.steps, cfg.train.lr_schedule)
-    if "optimizer" in state:
+    sharded = state.get("sharded", ())  # a torchrun checkpoint's optimizers, in its dcp/ shards
+    if "optimizer" in sharded:  # each rank reads its own shard
+        distributed.load_shards(r.ckpt / distributed.SHARDS, r.model, {"optimizer": opt}, weights=False)
+        sched.load_state_dict(state["scheduler"])
+    elif "optimizer" in state:
         distributed.load_optimizer_state(r.model, opt, state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-    elif cfg.sft.keep_moments and (sft_opt is not None or "sft_optimizer" in state):
+    elif cfg.sft.keep_moments and (sft_opt is not None or "sft_optimizer" in state or "sft_optimizer" in sharded):
         # Adam's bias-corrected first step is lr * sign(g) on every weight, however small or noisy g
         # is; SFT's second moments scale RL's first steps by what that weight's gradients have
         # looked like instead.
@@ -289,7 +349,10 @@ def rl_optimizer(r: Run, sft_opt):
             opt.state.update(sft_opt.state)
         else:  # resuming at the SFT-only start: the saved state, but RL's own lr
             lrs = [(g["lr"], g["initial_lr"]) for g in opt.param_groups]
-            distributed.load_optimizer_state(r.model, opt, state["sft_optimizer"])
+            if "sft_optimizer" in sharded:
+                distributed.load_shards(r.ckpt / distributed.SHARDS, r.model, {"sft_optimizer": opt}, weights=False)
+            else:
+                distributed.load_optimizer_state(r.model, opt, state["sft_optimizer"])
             for g, (lr, initial) in zip(opt.param_groups, lrs):
                 g["lr"], g["initial_lr"] = lr, initial
     return opt, sched
@@ -297,14 +360,19 @@ def rl_optimizer(r: Run, sft_opt):
 
 def start_policy(r: Run, version: int) -> Policy:
     """The inference engine on the latest weights (the checkpoint's, else model.path's)."""
-    full_ckpt = r.ckpt is not None and not r.cfg.model.lora
+    # under torchrun a checkpoint has no model/ (but at the run's last step), and rank 0 may still
+    # be writing it: the engine starts on model.path and takes the trainer's weights
+    from_trainer = r.ckpt is not None and (r.world > 1 or "sharded" in r.state)
+    full_ckpt = r.ckpt is not None and not r.cfg.model.lora and not from_trainer
     engine = make_engine(r.cfg, r.ckpt / "model" if full_ckpt else r.cfg.model.path, r.device)
     if r.cfg.engine.kind == "vllm":
         distributed.check_engine_placement(*engine.placement(), r.device)
     check_topk_rule(r.cfg, r.rcfg, r.device)
     policy = Policy(engine, r.tok, version=version, template_kwargs=r.rcfg.chat_template_kwargs,
                             tools=r.rcfg.tools)
-    if r.ckpt is not None and r.cfg.model.lora:
+    if from_trainer:
+        sync_weights(r.model, policy, r.cfg, r.out, version)
+    elif r.ckpt is not None and r.cfg.model.lora:
         policy.load_lora(r.ckpt / "model", version)
     return policy
 

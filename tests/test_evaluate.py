@@ -265,6 +265,12 @@ def test_resolve_model_dirs_adapters_and_checkpoints(tmp_path):
         {"base_model_name_or_path": "some/hub-name"}))
     with pytest.raises(ValueError, match="base_model_name_or_path"):
         ev.resolve_model(step)
+    # a torchrun checkpoint before the run's last step: dcp/ shards, no model/ to evaluate
+    mid = step.with_name("step_000002")
+    (mid / "dcp").mkdir(parents=True)
+    (mid / "meta.json").write_text(json.dumps({"step": 2}))
+    with pytest.raises(ValueError, match="dcp/ shards only.*last step"):
+        ev.resolve_model(mid)
 
 
 # --- end to end: scripted policies through rollout.run_episode and real containers ----------

@@ -623,15 +623,28 @@ def _same_tensors(a, b, where: str):
         assert a == b, where
 
 
+def _sharded_state(ck: Path) -> dict:
+    """A torchrun checkpoint's dcp/ shards read whole in this one process: {"model": {name: tensor},
+    "optimizer": {"state": {name: {...}}, "param_groups": [...]}} (and "sft_optimizer" at step 0)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    whole = ck.parent.parent.parent / f"{ck.parent.parent.name}-{ck.name}-whole.pt"
+    dcp_to_torch_save(ck / "dcp", whole)
+    return torch.load(whole, weights_only=False)
+
+
 def _same_checkpoint(a: Path, b: Path, skip_rng=()):
     """Weights, optimizer and scheduler state, RNG states (but `skip_rng`) and refreshed experts of
-    two checkpoints, bit for bit."""
+    two checkpoints, bit for bit: one process's (model/ and trainer.pt) or torchrun's (dcp/ shards
+    and trainer.pt)."""
     from safetensors.torch import load_file
-    files = sorted(p.name for p in (a / "model").glob("*.safetensors"))  # the model, or the LoRA adapter
-    assert files and files == sorted(p.name for p in (b / "model").glob("*.safetensors"))
-    for f in files:
-        _same_tensors(load_file(a / "model" / f), load_file(b / "model" / f), f"{a.name} {f}")
     sa, sb = (torch.load(c / "trainer.pt", weights_only=False) for c in (a, b))
+    if (a / "dcp").is_dir() or (b / "dcp").is_dir():
+        _same_tensors(_sharded_state(a), _sharded_state(b), f"{a.name} dcp")
+    else:
+        files = sorted(p.name for p in (a / "model").glob("*.safetensors"))  # the model, or the LoRA adapter
+        assert files and files == sorted(p.name for p in (b / "model").glob("*.safetensors"))
+        for f in files:
+            _same_tensors(load_file(a / "model" / f), load_file(b / "model" / f), f"{a.name} {f}")
     for r in skip_rng:
         sa["rng"].pop(r), sb["rng"].pop(r)
     for key in ("step", "optimizer", "scheduler", "rng", "experts"):
@@ -877,6 +890,17 @@ def _ended(procs: list, log: Path) -> tuple[list, str]:
     return codes, "".join(f"--- node {k}\n" + Path(f"{log}.{k}").read_text()[-4000:] for k in range(len(procs)))
 
 
+def _shard_writers(dcp_dir: Path) -> dict:
+    """{top-level key ("model", "optimizer", ...): the shard files holding its bytes}, from DCP's .metadata."""
+    import pickle
+    with open(dcp_dir / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    writers = {}
+    for index, info in meta.storage_data.items():
+        writers.setdefault(index.fqn.split(".")[0], set()).add(info.relative_path)
+    return writers
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel, nodes", [("ddp", 1), ("fsdp", 2)], ids=["ddp-one-node", "fsdp-two-nodes"])
 def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, nodes, tiny_model_dir, tmp_path):
@@ -914,14 +938,38 @@ def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, nodes, tin
     digests = [base[2]]
     for step in (0, 1, 2):
         ck = out / "checkpoints" / f"step_{step:06d}"
-        fps = torch.load(ck / "trainer.pt", weights_only=False)["rank_fingerprints"]
+        trainer = torch.load(ck / "trainer.pt", weights_only=False)
+        fps = trainer["rank_fingerprints"]
         assert len(fps) == 2 and fps[0] == fps[1], fps  # sha256 included: the ranks agree to the byte
-        loaded = AutoModelForCausalLM.from_pretrained(ck / "model", dtype=torch.float32)
+        # each rank wrote its own shard of the weights and AdamW state: rank 0 gathered neither
+        assert not {"optimizer", "sft_optimizer"} & set(trainer), sorted(trainer)
+        writers = _shard_writers(ck / "dcp")
+        assert set(writers) >= {"model", "optimizer" if step else "sft_optimizer"}, sorted(writers)
+        assert all(files == {"__0_0.distcp", "__1_0.distcp"} for files in writers.values()), writers
+        meta = json.loads((ck / "meta.json").read_text())["sha256"]
+        assert {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp"} <= set(meta), sorted(meta)
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+        loaded.load_state_dict(_sharded_state(ck)["model"])
         assert distributed.weights_fingerprint(loaded) == fps[0]
+        # the Hugging Face export is each run's last step's alone (leg 0 ended at step 1), the shards' weights
+        assert (ck / "model").is_dir() == (step > 0)
+        if step:
+            exported = AutoModelForCausalLM.from_pretrained(ck / "model", dtype=torch.float32)
+            assert distributed.weights_fingerprint(exported) == fps[0]
         digests.append(fps[0][2])
         if step:  # the resumed run is where the unbroken one is, and so is the leg before the kill
             _same_checkpoint(whole / "checkpoints" / ck.name, ck, skip_rng=("torch",))  # the engine's (see above)
     assert len(set(digests)) == 4, "SFT and each RL step must move the weights"
+    # another world size: this one process reads the two ranks' shards into its own model and AdamW
+    ck = out / "checkpoints" / "step_000001"
+    one = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    opt, _ = learner.make_optimizer(one, 1e-3, 0.0, (0.9, 0.999), 0, 2, "constant")
+    distributed.load_shards(ck / "dcp", one, {"optimizer": opt})
+    saved = _sharded_state(ck)
+    _same_tensors({n: p.detach() for n, p in one.named_parameters()}, {n: saved["model"][n] for n, _ in
+                  one.named_parameters()}, "one process's weights")
+    _same_tensors({n: opt.state[p] for n, p in one.named_parameters()},
+                  {n: saved["optimizer"]["state"][n] for n, _ in one.named_parameters()}, "one process's AdamW")
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["step"]) for r in recs] == [("sft", 0), ("sft", 1), ("rl", 1), ("rl", 2)]
     assert all(r["grad_norm"] > 0 and r["rows_trained"] > 0 for r in recs[2:])
