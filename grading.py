@@ -80,6 +80,17 @@ def grade(term) -> Grade:
     return g
 
 
+def _removed(term) -> str | None:
+    """Why the container no longer exists, or None: no container runs with auto-remove, so nothing
+    inside one can remove it; the daemon or an operator did (test_env.test_grading_infra_error_*)."""
+    try:
+        term.client.api.inspect_container(term.id)
+    except Exception as e:
+        if getattr(e, "status_code", None) == 404:
+            return f"container {term.id[:12]} was removed during the episode (by Docker or an operator)"
+    return None
+
+
 def blame(term, failure: str, g: Grade | None = None) -> Grade:
     """The one rule for a grading that failed after the agent acted (an exception in our host-side
     code, a Docker error, a harness that did not run, one that could not fetch its runner): the
@@ -89,7 +100,7 @@ def blame(term, failure: str, g: Grade | None = None) -> Grade:
     test_grading_failure_after_the_agent_acted_is_the_agents and the test after it)."""
     tests, output, rewards = (g.tests, g.output, g.rewards) if g else ({}, "", {})
     failure = failure[:3000]  # an error can quote a path of any length the agent made
-    if why := term.lost():  # the Docker host went away: nothing to recheck on
+    if why := term.lost() or _removed(term):  # the Docker host or the container went away: nothing to recheck on
         return Grade(None, False, tests, output, why)
     if why := term.agent_stopped():
         return Grade(0.0, False, tests, output, None, rewards=rewards, tampered=why)
