@@ -127,6 +127,8 @@ class EvalConfig:
     num_tasks: int = 32                    # held-out tasks per eval (<= data.num_generated_eval)
     temperature: float = 0.0               # 0 = greedy: a stable success figure
     samples: int = 1                       # episodes per task (with temperature > 0: pass@1 over k samples)
+    samples_mid: int = 0                   # episodes per task at the evals between the first and the last
+    #                                        (0 = samples): a cheaper curve; the gain is read at full resolution
     at_start: bool = True                  # eval before the first RL step: the baseline every gain is measured from
 
 
@@ -320,6 +322,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         raise ConfigError(f"sft.val_every must be >= 1, got {cfg.sft.val_every}")
     if cfg.train.micro_batch_tokens < 1:
         raise ConfigError("train.micro_batch_tokens must be >= 1")
+    if cfg.eval.samples < 1 or cfg.eval.samples_mid < 0:
+        raise ConfigError(f"eval.samples must be >= 1 and eval.samples_mid >= 0 (0 = eval.samples), got "
+                          f"{cfg.eval.samples} and {cfg.eval.samples_mid}")
     if not cfg.out_dir:
         cfg.out_dir = f"runs/{cfg.run_name}"
     return cfg

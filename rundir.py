@@ -285,6 +285,13 @@ def plot_curves(records: list[dict], out: Path) -> str:
     return f"curves: {out}"
 
 
+def _estimate(rec: dict) -> str:
+    """An eval record as the summary says it: success, its 95% interval and what it rests on."""
+    ci = rec.get("success_ci")
+    return (f"{rec['success']:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
+            + f" (step {rec['step']}" + (f", {rec['episodes']} episodes)" if "episodes" in rec else ")"))
+
+
 def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
     ev = [r for r in records if r.get("phase") == "eval"]
     rl = [r for r in records if r.get("phase") == "rl"]
@@ -295,8 +302,8 @@ def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
         lines.append(f"sft: {len(sft)} steps, loss {sft[-1]['loss']:.3f}" + (
             f"; val_oracle_prob {val[-1]['val_oracle_prob']:.3f}, val_nll {val[-1]['val_nll']:.3f}" if val else ""))
     if ev:
-        lines.append(f"held-out success: start {ev[0]['success']:.1%} (step {ev[0]['step']}) -> "
-                     f"end {ev[-1]['success']:.1%} (step {ev[-1]['step']}); best {max(r['success'] for r in ev):.1%}")
+        lines.append(f"held-out success: start {_estimate(ev[0])} -> end {_estimate(ev[-1])}; "
+                     f"best {max(r['success'] for r in ev):.1%}")
     if rl:
         first, last = rl[: max(1, len(rl) // 4)], rl[-max(1, len(rl) // 4):]
         mean = lambda rs, k: sum(r.get(k, 0) for r in rs) / len(rs)  # noqa: E731

@@ -557,6 +557,33 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model_dir, tmp_pat
     assert "loss" not in rl[0]  # no optimizer step was logged
 
 
+def test_intermediate_evals_take_eval_samples_mid_and_every_eval_logs_its_interval(tiny_model_dir, tmp_path):
+    """The held-out evals between the first and the last run eval.samples_mid episodes a task; the
+    first and last, between which the gain is read, keep eval.samples. Each eval record carries
+    its 95% interval (evaluate.task_mean_ci) and the episodes it rests on, and the summary says them."""
+    out = tmp_path / "run"
+    overrides = ["model.build_tiny=false", f"model.path={tiny_model_dir}", f"out_dir={out}", "engine.kind=hf",
+                 "sft.steps=0", "train.steps=3", "train.tasks_per_step=1", "train.group_size=1",
+                 "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "eval.every=1", "eval.num_tasks=3",
+                 "eval.samples=2", "eval.samples_mid=1", "checkpoint.every=3", "plot=false"]
+    r = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml"]
+                       + sum((["--set", o] for o in overrides), []), cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    evals = [rec for rec in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if rec["phase"] == "eval"]
+    assert [(e["step"], e["samples"]) for e in evals] == [(0, 2), (1, 1), (2, 1), (3, 2)]
+    rows = [json.loads(line) for line in (out / "eval_trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * (2 + 1 + 1 + 2)
+    for e in evals:
+        low, high = e["success_ci"]
+        assert e["episodes"] == 3 * e["samples"] and 0.0 <= low <= e["success"] <= high <= 1.0
+        assert high - low > 0.2  # a handful of episodes: Wilson's interval stays wide, even at 0 or 1
+    first, last = evals[0], evals[-1]
+    summary = (out / "summary.txt").read_text()
+    assert (f"start {first['success']:.1%} [{first['success_ci'][0]:.1%}, {first['success_ci'][1]:.1%}] "
+            f"(step 0, 6 episodes) -> end {last['success']:.1%}") in summary, summary
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_model_dir, tmp_path):
