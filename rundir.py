@@ -292,7 +292,17 @@ def _estimate(rec: dict) -> str:
             + f" (step {rec['step']}" + (f", {rec['episodes']} episodes)" if "episodes" in rec else ")"))
 
 
-def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
+def peak_rss_gib() -> tuple[float, float]:
+    """(the most resident memory this process has held, that of its largest finished child), GiB:
+    a CPU run's engine runs inside the process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the first
+    is the run's. ru_maxrss is in KiB on Linux, in bytes on macOS."""
+    import resource
+    unit = 1 if sys.platform == "darwin" else 1024
+    return tuple(resource.getrusage(who).ru_maxrss * unit / 2 ** 30
+                 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def summary(records: list[dict], wall_s: float, out_dir: Path, peak_rss: tuple[float, float] | None = None) -> str:
     ev = [r for r in records if r.get("phase") == "eval"]
     rl = [r for r in records if r.get("phase") == "rl"]
     lines = ["=" * 72, f"run {out_dir}"]
@@ -315,5 +325,8 @@ def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
                      + (f"{sum(gaps) / len(gaps):.2e}" if gaps else "not checked"))
         times = {k: sum(r.get(f"time/{k}", 0) for r in rl) for k in ("rollout", "train", "sync", "eval", "checkpoint")}
         lines.append("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in times.items()) + f"; wall {wall_s / 60:.1f} min")
+    if peak_rss:
+        lines.append(f"peak resident memory: {peak_rss[0]:.2f} GiB" + (
+            f" (its largest child process: {peak_rss[1]:.2f} GiB)" if peak_rss[1] >= 0.01 else ""))
     lines.append("=" * 72)
     return "\n".join(lines)

@@ -428,7 +428,7 @@ def finish(r: Run, t_start: float) -> dict:
     result = {"records": r.log.records, "wall_s": time.time() - t_start}
     if r.rank == 0:
         line = plot_curves(r.log.records, r.out / "curves.png") if r.cfg.plot else ""
-        text = summary(r.log.records, result["wall_s"], r.out) + ("\n" + line if line else "")
+        text = summary(r.log.records, result["wall_s"], r.out, rundir.peak_rss_gib()) + ("\n" + line if line else "")
         (r.out / "summary.txt").write_text(text + "\n")
         print(text)
     r.log.close()
