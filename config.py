@@ -133,6 +133,8 @@ class EvalConfig:
     num_tasks: Annotated[int, ">= 0"] = 32       # held-out tasks per eval (<= data.num_generated_eval)
     temperature: Annotated[float, ">= 0"] = 0.0  # 0 = greedy: a stable success figure
     samples: Annotated[int, ">= 1"] = 1          # episodes per task (with temperature > 0: pass@1 over k samples)
+    samples_mid: Annotated[int, ">= 0"] = 0      # episodes per task at the evals between the first and the last
+    #                                              (0 = samples): a cheaper curve; the gain is read at full resolution
     at_start: bool = True                        # eval before the first RL step: the baseline every gain is measured from
 
 

@@ -412,7 +412,24 @@ def plot_curves(records: list[dict], out: Path) -> str:
     return f"curves: {out}"
 
 
-def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
+def _estimate(rec: dict) -> str:
+    """An eval record as the summary says it: success, its 95% interval and what it rests on."""
+    ci = rec.get("success_ci")
+    return (f"{rec['success']:.1%}" + (f" [{ci[0]:.1%}, {ci[1]:.1%}]" if ci else "")
+            + f" (step {rec['step']}" + (f", {rec['episodes']} episodes)" if "episodes" in rec else ")"))
+
+
+def peak_rss_gib() -> tuple[float, float]:
+    """(the most resident memory this process has held, that of its largest finished child), GiB:
+    a CPU run's engine runs inside the process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the first
+    is the run's. ru_maxrss is in KiB on Linux, in bytes on macOS."""
+    import resource
+    unit = 1 if sys.platform == "darwin" else 1024
+    return tuple(resource.getrusage(who).ru_maxrss * unit / 2 ** 30
+                 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def summary(records: list[dict], wall_s: float, out_dir: Path, peak_rss: tuple[float, float] | None = None) -> str:
     ev = [r for r in records if r.get("phase") == "eval"]
     rl = [r for r in records if r.get("phase") == "rl"]
     lines = ["=" * 72, f"run {out_dir}"]
@@ -422,8 +439,8 @@ def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
         lines.append(f"sft: {len(sft)} steps, loss {sft[-1]['loss']:.3f}" + (
             f"; val_oracle_prob {val[-1]['val_oracle_prob']:.3f}, val_nll {val[-1]['val_nll']:.3f}" if val else ""))
     if ev:
-        lines.append(f"held-out success: start {ev[0]['success']:.1%} (step {ev[0]['step']}) -> "
-                     f"end {ev[-1]['success']:.1%} (step {ev[-1]['step']}); best {max(r['success'] for r in ev):.1%}")
+        lines.append(f"held-out success: start {_estimate(ev[0])} -> end {_estimate(ev[-1])}; "
+                     f"best {max(r['success'] for r in ev):.1%}")
     if rl:
         first, last = rl[: max(1, len(rl) // 4)], rl[-max(1, len(rl) // 4):]
         mean = lambda rs, k: sum(r.get(k, 0) for r in rs) / len(rs)  # noqa: E731
@@ -435,5 +452,8 @@ def summary(records: list[dict], wall_s: float, out_dir: Path) -> str:
                      + (f"{sum(gaps) / len(gaps):.2e}" if gaps else "not checked"))
         times = {k: sum(r.get(f"time/{k}", 0) for r in rl) for k in ("rollout", "train", "sync", "eval", "checkpoint")}
         lines.append("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in times.items()) + f"; wall {wall_s / 60:.1f} min")
+    if peak_rss:
+        lines.append(f"peak resident memory: {peak_rss[0]:.2f} GiB" + (
+            f" (its largest child process: {peak_rss[1]:.2f} GiB)" if peak_rss[1] >= 0.01 else ""))
     lines.append("=" * 72)
     return "\n".join(lines)

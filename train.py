@@ -54,6 +54,7 @@ from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, r
 import rundir
 from rundir import RunLog, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
 from generated_tasks import load_task_sets
+from evaluate import task_mean_ci
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # episode threads share the tokenizer; its pool would warn at every fork
 
@@ -450,20 +451,36 @@ def episode_stats(trajs, world: int) -> tuple[float, float, bool]:
     return reward, success, distributed.all_mean([float(bool(valid))], world)[0] == 1.0
 
 
+def eval_samples(cfg: Config, step: int) -> int:
+    """Episodes per held-out task at the eval after `step` RL steps: eval.samples at the run's first
+    and last (the gain is measured between them), eval.samples_mid (when set) between them."""
+    full = step == 0 or step == cfg.train.steps
+    return cfg.eval.samples if full or not cfg.eval.samples_mid else cfg.eval.samples_mid
+
+
 def heldout_eval(r: Run, policy, step: int) -> tuple[float, float]:
-    """Held-out success: eval.samples episodes per task at eval.temperature, invalid ones not
-    counted; logged as phase "eval". Returns (success, seconds)."""
+    """Held-out success: eval_samples episodes per task at eval.temperature, invalid ones not
+    counted; logged as phase "eval" with its 95% interval (evaluate.task_mean_ci: the samples
+    cluster by task). Returns (success, seconds)."""
     t0, cfg = time.time(), r.cfg
     ecfg = dataclasses.replace(r.rcfg, temperature=cfg.eval.temperature, prefill_prob=0.0,
                                group_redundancy=0, max_staleness=None)
     mine, before = rank_share(r.eval_tasks, r.rank, r.world)
-    trajs = rollout.collect(mine, policy, r.env, ecfg, group_size=cfg.eval.samples, group_id_start=10 ** 6 + before,
+    samples = eval_samples(cfg, step)
+    trajs = rollout.collect(mine, policy, r.env, ecfg, group_size=samples, group_id_start=10 ** 6 + before,
                             progress=False)
     valid = [t for t in trajs if t.valid]
     succ = distributed.all_mean([sum(t.reward > 0 for t in valid) / max(1, len(valid))], r.world, len(valid))[0]
+    counts = {}  # task -> [passed, valid episodes], every rank's
+    for part in distributed.gather([(t.task_name, t.reward > 0) for t in valid], r.world):
+        for name, ok in part:
+            c = counts.setdefault(name, [0, 0])
+            c[0], c[1] = c[0] + ok, c[1] + 1
+    low, high = task_mean_ci(list(counts.values()))
     rollout.write_jsonl(trajs, r.out / (f"eval_trajectories.rank{r.rank}.jsonl" if r.world > 1 else "eval_trajectories.jsonl"))
     if r.rank == 0:
-        r.log.log({"phase": "eval", "step": step, "success": succ, "time/eval": time.time() - t0})
+        r.log.log({"phase": "eval", "step": step, "success": succ, "success_ci": [low, high], "samples": samples,
+                   "episodes": sum(n for _, n in counts.values()), "time/eval": time.time() - t0})
     return succ, time.time() - t0
 
 
@@ -481,7 +498,7 @@ def finish(r: Run, t_start: float) -> dict:
     result = {"records": r.log.records, "wall_s": time.time() - t_start}
     if r.rank == 0:
         line = plot_curves(r.log.records, r.out / "curves.png") if r.cfg.plot else ""
-        text = summary(r.log.records, result["wall_s"], r.out) + ("\n" + line if line else "")
+        text = summary(r.log.records, result["wall_s"], r.out, rundir.peak_rss_gib()) + ("\n" + line if line else "")
         (r.out / "summary.txt").write_text(text + "\n")
         print(text)
     r.log.close()

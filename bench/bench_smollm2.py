@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -117,31 +116,33 @@ def generation(cfg, tok, concurrency: list[int], max_tokens: int, lora: bool):
     cfg.model.lora = lora
     prompts = {tools: first_prompts(cfg, tok, max(concurrency), tools) for tools in (True, False)}
     say(f"starting the vLLM engine ({'LoRA' if lora else 'full'})")
-    engine = train.make_engine(cfg, cfg.model.path, "cpu")
-    if lora:
-        engine.load_lora(fresh_adapter(cfg, Path(tempfile.mkdtemp(prefix="bench_smollm2_lora_"))), 1)
-    temp = config.rollout_cfg(cfg).temperature
-    engine.generate(prompts[True][:1], Sampling(temperature=temp, max_tokens=4, seed=0))  # warm-up
-    name = "vLLM CPU, LoRA adapter loaded" if lora else "vLLM CPU, full weights"
-    print(f"\n1. generation ({name}; torch threads {torch.get_num_threads()})")
-    for n in concurrency:
-        # a weight sync resets the prefix cache before every rollout: each measurement starts from empty
-        row = []
-        for tools in (True, False):
+    with PeakRSS() as mem:  # the engine's weights and KV space (engine.cpu_kvcache_gb), and its generating
+        engine = train.make_engine(cfg, cfg.model.path, "cpu")
+        if lora:
+            engine.load_lora(fresh_adapter(cfg, Path(tempfile.mkdtemp(prefix="bench_smollm2_lora_"))), 1)
+        temp = config.rollout_cfg(cfg).temperature
+        engine.generate(prompts[True][:1], Sampling(temperature=temp, max_tokens=4, seed=0))  # warm-up
+        name = "vLLM CPU, LoRA adapter loaded" if lora else "vLLM CPU, full weights"
+        print(f"\n1. generation ({name}; torch threads {torch.get_num_threads()})")
+        for n in concurrency:
+            # a weight sync resets the prefix cache before every rollout: each measurement starts from empty
+            row = []
+            for tools in (True, False):
+                engine.reset_prefix_cache()
+                t0 = time.perf_counter()
+                engine.generate(prompts[tools][:n], Sampling(temperature=temp, max_tokens=1, seed=0))
+                row.append((sum(map(len, prompts[tools][:n])) // n, time.perf_counter() - t0))
             engine.reset_prefix_cache()
-            t0 = time.perf_counter()
-            engine.generate(prompts[tools][:n], Sampling(temperature=temp, max_tokens=1, seed=0))
-            row.append((sum(map(len, prompts[tools][:n])) // n, time.perf_counter() - t0))
-        engine.reset_prefix_cache()
-        say(f"generating {n} x up to {max_tokens} tokens")
-        t0, c0 = time.perf_counter(), time.process_time()
-        outs = engine.generate(prompts[True][:n], Sampling(temperature=temp, max_tokens=max_tokens, seed=0))
-        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        gen = sum(len(c.token_ids) for c in outs)
-        print(f"{n:>3} sequences: {gen:>5} tokens generated ({gen / n:.0f} a sequence) in {dt:6.1f} s: "
-              f"{gen / dt:6.1f} tokens/s ({gen / cpu:6.1f} a CPU s) | prefill of {n} first prompts: "
-              f"{row[0][1]:5.2f} s at {row[0][0]} tokens (tools block), {row[1][1]:5.2f} s at {row[1][0]} (none) "
-              f"| {load()}", flush=True)
+            say(f"generating {n} x up to {max_tokens} tokens")
+            t0, c0 = time.perf_counter(), time.process_time()
+            outs = engine.generate(prompts[True][:n], Sampling(temperature=temp, max_tokens=max_tokens, seed=0))
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            gen = sum(len(c.token_ids) for c in outs)
+            print(f"{n:>3} sequences: {gen:>5} tokens generated ({gen / n:.0f} a sequence) in {dt:6.1f} s: "
+                  f"{gen / dt:6.1f} tokens/s ({gen / cpu:6.1f} a CPU s) | prefill of {n} first prompts: "
+                  f"{row[0][1]:5.2f} s at {row[0][0]} tokens (tools block), {row[1][1]:5.2f} s at {row[1][0]} (none) "
+                  f"| {load()}", flush=True)
+    print(f"engine: {mem}, KV space {os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB (engine.cpu_kvcache_gb)", flush=True)
     del engine
     gc.collect()
 

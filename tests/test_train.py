@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -702,6 +703,42 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model_dir, tmp_pat
     for k in sft_only:
         assert torch.equal(sft_only[k], after[k]), f"{k} moved on a batch of failures"
     assert "loss" not in rl[0]  # no optimizer step was logged
+
+
+@pytest.mark.slow
+def test_intermediate_evals_take_eval_samples_mid_and_every_eval_logs_its_interval(tiny_model_dir, tmp_path):
+    """The held-out evals between the first and the last run eval.samples_mid episodes a task; the
+    first and last, between which the gain is read, keep eval.samples. Each eval record carries
+    its 95% interval (evaluate.task_mean_ci) and the episodes it rests on; the summary says them,
+    and the run's peak resident memory as the kernel counts it (wait4)."""
+    out = tmp_path / "run"
+    overrides = ["model.build_tiny=false", f"model.path={tiny_model_dir}", f"out_dir={out}", "engine.kind=hf",
+                 "sft.steps=0", "train.steps=3", "train.tasks_per_step=1", "train.group_size=1",
+                 "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "eval.every=1", "eval.num_tasks=3",
+                 "eval.samples=2", "eval.samples_mid=1", "checkpoint.every=3", "plot=false"]
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "train.py", "--config", "configs/tiny.yaml"]
+                                + sum((["--set", o] for o in overrides), []), cwd=ROOT, stdout=log, stderr=log)
+        timer = threading.Timer(900, proc.kill)  # wait4 itself has no timeout
+        timer.start()
+        _, status, usage = os.wait4(proc.pid, 0)  # the kernel's own account of the run's memory
+        timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, (tmp_path / "log").read_text()[-3000:]
+    evals = [rec for rec in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if rec["phase"] == "eval"]
+    assert [(e["step"], e["samples"]) for e in evals] == [(0, 2), (1, 1), (2, 1), (3, 2)]
+    rows = [json.loads(line) for line in (out / "eval_trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * (2 + 1 + 1 + 2)
+    for e in evals:
+        low, high = e["success_ci"]
+        assert e["episodes"] == 3 * e["samples"] and 0.0 <= low <= e["success"] <= high <= 1.0
+        assert high - low > 0.2  # a handful of episodes: Wilson's interval stays wide, even at 0 or 1
+    first, last = evals[0], evals[-1]
+    summary = (out / "summary.txt").read_text()
+    assert (f"start {first['success']:.1%} [{first['success_ci'][0]:.1%}, {first['success_ci'][1]:.1%}] "
+            f"(step 0, 6 episodes) -> end {last['success']:.1%}") in summary, summary
+    peak = float(summary.split("peak resident memory: ")[1].split(" GiB")[0])
+    assert abs(peak - usage.ru_maxrss / 2 ** 20) < 0.02, (summary, usage.ru_maxrss)
 
 
 @pytest.mark.slow
