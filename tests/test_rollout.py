@@ -18,6 +18,7 @@ import env as E
 from policy import Policy, ScriptedPolicy, sync_check
 import rollout as R
 import task_folders as T
+import terminal
 from conftest import ROOT, own_containers
 
 SHIPPED = ("fix-json-config", "csv-join-report")  # two shipped tasks (TB1 layout, own images)
@@ -95,7 +96,7 @@ def test_tool_message_fields_add_no_tokens(tiny_tokenizer):
     """The tool message's `result` fields are for readers of the trajectory: the model sees the
     same tokens as for a message of its text alone, through the template's own tool support and
     through the Hermes messages written for templates without it."""
-    res = E.CommandResult("slow\n[command timed out after 1s and was killed; the shell is still usable]",
+    res = terminal.CommandResult("slow\n[command timed out after 1s and was killed; the shell is still usable]",
                           None, True, 1.0, True, shell_restarted=True)
     msg = tool_message(res, extra_calls=1)
     assert msg["result"] == {"exit_code": None, "timed_out": True, "shell_restarted": True, "truncated": True}
