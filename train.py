@@ -41,7 +41,7 @@ from transformers import AutoTokenizer
 
 import algo
 import difficulty
-from difficulty import step_tasks  # data order: a pure function of (seed, step, the filter's state)
+from difficulty import step_tasks  # noqa: F401 -- the data order, by its old name here (tests use train.step_tasks)
 import distributed
 from engines import HFEngine, VLLMEngine
 import env
@@ -380,7 +380,7 @@ def start_policy(r: Run, version: int) -> Policy:
 
 def rollout_step(r: Run, policy, step: int):
     """Step `step`'s episodes on this rank: (step, all ranks' tasks, trajectories, seconds, generation seconds)."""
-    tasks, _, _ = r.filter.draw(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)  # logged whole; this rank's share:
+    tasks, _, _ = r.filter.draw(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)  # all ranks'; this one's:
     mine, before = rank_share(tasks, r.rank, r.world)
     g0, t0 = policy.gen_busy_s, time.time()
     trajs = rollout.collect(mine, policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,

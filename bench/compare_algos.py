@@ -8,7 +8,7 @@ adds online difficulty filtering (train.filter_window).
     python bench/compare_algos.py                            # configs/tiny.yaml, seeds 0 1 2, 3 variants
     python bench/compare_algos.py --seeds 0 --set train.steps=2 --set eval.num_tasks=4   # a smoke test
     python bench/compare_algos.py --config configs/smollm2-multistep.yaml --variants ipa ipa-token ipa-prefill ipa-filter grpo
-    python bench/compare_algos.py --variant lr-high=train.lr=5e-3,algo.gamma=0.9 --reference ipa --variants ipa
+    python bench/compare_algos.py --variants ipa --variant lr-high=train.lr=5e-3,algo.gamma=0.9   # ipa, then yours
     python bench/compare_algos.py --no-run                   # only summarise the runs already there
 
 Each variant is `--set` overrides on top of --config: a built-in one (VARIANTS) or your own,
@@ -163,7 +163,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--variants", nargs="+", default=None,
                     help=f"built-in ({', '.join(VARIANTS)}) or --variant names, in the order to run "
-                         f"(default: {' '.join(DEFAULT_VARIANTS)}, then every --variant)")
+                         f"(default: {' '.join(DEFAULT_VARIANTS)}); every --variant runs too, after them")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VAL[,KEY=VAL]",
                     help="a variant of your own: --set overrides on top of --config (repeatable)")
     ap.add_argument("--reference", default=None, help="the variant the others are compared with (default: the first)")
@@ -182,7 +182,7 @@ def main(argv=None):
     except ValueError as e:
         raise SystemExit(str(e))
     mine = [n for n in variants if n not in VARIANTS]
-    names = list(dict.fromkeys(args.variants or DEFAULT_VARIANTS + mine))  # the order given, once each
+    names = list(dict.fromkeys((args.variants or DEFAULT_VARIANTS) + mine))  # the order given, once each
     if unknown := [n for n in names if n not in variants]:
         raise SystemExit(f"unknown variant {unknown[0]!r}; built in: {', '.join(VARIANTS)}"
                          + (f"; yours: {', '.join(mine)}" if mine else ""))

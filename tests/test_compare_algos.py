@@ -87,6 +87,9 @@ def test_no_run_summarises_finished_runs_in_a_stable_order(capsys):
         assert "seeds [0, 1]" in text and "| step | mine | ipa |" in text
         assert "| 1 | 87.5% ± 17.7% (2) | 37.5% ± 17.7% (2) |" in text, text
         assert "- **mine**: `algo.level` token (ipa: chunk)\n- **ipa**: the reference" in text
+        compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0", "--set", f"run_name={name}",
+                            "--set", "train.steps=1", "--variants", "ipa", "--variant", "mine=algo.level=token"])
+        assert "| step | ipa | mine |" in (out / "compare.md").read_text()  # yours run after --variants
         with pytest.raises(SystemExit, match="unfinished"):
             compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0", "--set", f"run_name={name}",
                                 "--set", "train.steps=2", "--variants", "ipa"])
