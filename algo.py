@@ -39,7 +39,7 @@ runs (on-policy, the mismatch masks depend on the log-probs of its own forward):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -49,6 +49,8 @@ MISMATCH_MODES = ("none", "token_tis", "token_mask", "chunk_mask")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_norm")
 IMITATION_WEIGHTS = ("discount", "return")
 SPLITS = ("reward", "advantage")
+LEVELS = ("chunk", "token")
+PER_ROW = ("num_chunks", "reward", "valid", "group_id", "policy_version")  # the Batch fields of shape [B]
 MAX_LOG_RATIO = 20.0  # clamp a log-ratio right before exp() so it never overflows into inf·0 = NaN
 #                       gradients; never before a chunk's or sequence's mean (tests/test_algo.py::
 #                       test_one_extreme_token_masks_its_chunk, ::test_chunk_ratio_is_the_unclamped_geometric_mean)
@@ -112,9 +114,8 @@ class Batch:
 
     def to(self, device) -> "Batch":
         """A copy with every tensor on `device`."""
-        return Batch(**{f.name: (getattr(self, f.name).to(device)
-                                 if isinstance(getattr(self, f.name), torch.Tensor)
-                                 else getattr(self, f.name)) for f in fields(self)})
+        return Batch(**{f.name: v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v
+                        for f in fields(self)})
 
     def validate(self) -> None:
         """Raise ValueError naming the field that breaks the schema above."""
@@ -123,14 +124,9 @@ class Batch:
             raise ValueError(f"Batch.input_ids must be [B,T], got shape {tuple(self.input_ids.shape)}")
         per_token = ["attention_mask", "loss_mask", "imitation_mask", "chunk_ids", "infer_logprobs"]
         per_token += [n for n in ("old_logprobs", "ref_logprobs", "unparsed") if getattr(self, n) is not None]
-        for name in per_token:
-            shape = tuple(getattr(self, name).shape)
-            if shape != (B, T):
-                raise ValueError(f"Batch.{name} has shape {shape}, expected (B, T) = {(B, T)} like input_ids")
-        for name in ["num_chunks", "reward", "valid", "group_id", "policy_version"]:
-            shape = tuple(getattr(self, name).shape)
-            if shape != (B,):
-                raise ValueError(f"Batch.{name} has shape {shape}, expected (B,) = ({B},)")
+        for name, want in [(n, (B, T)) for n in per_token] + [(n, (B,)) for n in PER_ROW]:
+            if (shape := tuple(getattr(self, name).shape)) != want:
+                raise ValueError(f"Batch.{name} has shape {shape}, expected {want} (B = {B}, T = {T}, as input_ids)")
         if len(self.finish_reason) != B:
             raise ValueError(f"Batch.finish_reason has {len(self.finish_reason)} entries, expected B = {B}")
         if self.valid.dtype != torch.bool:
@@ -203,6 +199,7 @@ class AlgoConfig:
                                    # advantage (a success after it would reinforce it)
     max_negative_tokens: int | None = None  # mask negative trajectories longer than this
     #                                         (attention_mask tokens); paper fixed a collapse at ~20k
+    level: str = "chunk"           # Eq. 7's credit and Eq. 8's ratio per "chunk" (a turn, IPA) | per "token" (at_level)
     drop_zero_advantage: bool = False  # drop rows with advantage 0 on every sampled token and no
     #                                    imitation tokens (R in {0,1}, no baseline: the failures), so the
     #                                    mean runs over the successes alone (RAFT / rejection-sampling FT)
@@ -212,7 +209,7 @@ class AlgoConfig:
     def __post_init__(self):
         for name, allowed in [("loss", LOSSES), ("baseline", BASELINES), ("mismatch", MISMATCH_MODES),
                               ("agg", AGGREGATIONS), ("imitation_weight", IMITATION_WEIGHTS),
-                              ("split_on", SPLITS)]:
+                              ("split_on", SPLITS), ("level", LEVELS)]:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"algo.{name} = {getattr(self, name)!r}; choose one of {allowed}")
         if not 0.0 < self.gamma <= 1.0:
@@ -224,10 +221,8 @@ class AlgoConfig:
         if self.baseline == "none" and self.std_normalize:
             raise ValueError("algo.std_normalize needs a baseline to normalise around; "
                              "set baseline to grpo, rloo or batch, or std_normalize to false")
-        if not (0 <= self.clip_low < 1 and 0 <= self.seq_clip_low < 1
-                and min(self.clip_high, self.seq_clip_high) >= 0):
-            raise ValueError("algo.clip_low / seq_clip_low must be in [0, 1), "
-                             "clip_high / seq_clip_high ≥ 0")
+        if not (0 <= self.clip_low < 1 and 0 <= self.seq_clip_low < 1 and min(self.clip_high, self.seq_clip_high) >= 0):
+            raise ValueError("algo.clip_low / seq_clip_low must be in [0, 1), clip_high / seq_clip_high ≥ 0")
         if not 0.0 <= self.max_filtered_share <= 1.0:
             raise ValueError(f"algo.max_filtered_share = {self.max_filtered_share}; use a value in [0, 1]")
         if self.norm_length is not None and self.norm_length < 1:
@@ -415,6 +410,17 @@ def chunk_discount(chunk_ids, num_chunks, gamma, dtype=torch.float32):
     return torch.where(chunk_ids >= 0, powers[steps], torch.zeros((), dtype=dtype, device=steps.device))
 
 
+def at_level(batch: Batch, level: str) -> Batch:
+    """The batch as algo.level sees it: "token" makes every trained token its own chunk, so Eq. 7's Δ(k)
+    counts tokens, IPA's ρ_c (Eq. 8) is per token and chunk_mask a token mask; train.py applies it once,
+    for all of algo.py and learner.py (tests/test_algo.py::test_token_level_ipa_is_the_per_token_form)."""
+    if level == "chunk":
+        return batch
+    trained = (batch.loss_mask > 0) | (batch.imitation_mask > 0)
+    ids = torch.where(trained, trained.long().cumsum(-1) - 1, torch.full_like(batch.chunk_ids, -1))
+    return replace(batch, chunk_ids=ids, num_chunks=trained.long().sum(-1))
+
+
 def compute_advantages(batch: Batch, cfg: AlgoConfig):
     """[B,T] per-token advantages: chunk returns G_k = γ^(K−1−k)·A (Eq. 7) with A the trajectory
     advantage from `baseline_advantages`, broadcast over chunk k's tokens (sampled and
@@ -556,8 +562,7 @@ def mismatch_correction(log_r, mask, chunk_ids, mode, cap, floor=None):
         return ones, ones
     if mode == "token_tis":
         return ones, _exp(log_r).clamp(max=cap)
-    if mode == "chunk_mask":
-        log_r = chunk_mean(log_r, chunk_ids, mask)
+    log_r = chunk_mean(log_r, chunk_ids, mask) if mode == "chunk_mask" else log_r
     lo = math.log(floor) if floor > 0 else -math.inf
     keep = (log_r >= lo - 1e-9) & (log_r <= math.log(cap) + 1e-9)  # tolerance: ratios on the bound stay
     return keep.float(), ones
@@ -566,10 +571,7 @@ def mismatch_correction(log_r, mask, chunk_ids, mode, cap, floor=None):
 def train_masks(batch: Batch, advantages, cfg: AlgoConfig, old_logprobs, keep=None):
     """Token masks every loss shares: (rl [B,T] sampled tokens that train, il [B,T] prefilled tokens
     that train, is_weight [B,T], metrics). Rows not in `keep` and mismatch-masked tokens are 0."""
-    if keep is None:
-        keep, metrics = keep_rows(batch, advantages, cfg)
-    else:
-        metrics = {}
+    keep, metrics = keep_rows(batch, advantages, cfg) if keep is None else (keep, {})
     sampled = batch.loss_mask.float() * batch.valid[:, None]
     log_r = _log_ratio(old_logprobs.detach(), batch.infer_logprobs, sampled)  # log π_old/μ
     mm_keep, is_weight = mismatch_correction(log_r, sampled, batch.chunk_ids, cfg.mismatch,
@@ -599,8 +601,7 @@ def train_masks(batch: Batch, advantages, cfg: AlgoConfig, old_logprobs, keep=No
 
 def _ratio(num, den):
     """num/den as a float, 0.0 for an empty set (metrics must stay finite)."""
-    den = float(den)
-    return float(num) / den if den > 0 else 0.0
+    return float(num) / float(den) if float(den) > 0 else 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -737,8 +738,7 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     for name, t in [("logprobs", logprobs), ("advantages", advantages), ("entropy", entropy),
                     ("ref_logprobs", ref_logprobs)]:
         if t is not None and tuple(t.shape) != tuple(batch.input_ids.shape):
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [B,T] = "
-                             f"{tuple(batch.input_ids.shape)}")
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [B,T] = {tuple(batch.input_ids.shape)}")
     ref_logprobs = batch.ref_logprobs if ref_logprobs is None else ref_logprobs
     if cfg.kl_coef and ref_logprobs is None:
         raise ValueError("algo.kl_coef > 0 needs ref_logprobs (the reference policy's token log-probs), "

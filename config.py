@@ -123,6 +123,10 @@ class TrainConfig:
     collective_timeout_min: Annotated[float, "> 0"] = 180.0  # under torchrun: how long a rank waits in a collective before the run
     #                                                          stops; it must cover one rank's rollouts finishing after another's and
     #                                                          a checkpoint's writes (torch's own default: 10 min NCCL, 30 gloo)
+    filter_window: Annotated[int, ">= 0"] = 0                # online difficulty filtering (difficulty.py): a task whose latest this
+    #                                                          many episodes were all solved or all failed sits out a while, so rollouts
+    #                                                          go to the groups that carry signal (DAPO, prime-rl); 0 = off
+    filter_sit_out: Annotated[int, ">= 1"] = 4               # ... the RL steps such a task is not drawn, after which it is tried again
     sync_check: bool = True                                  # after each sync, compare engine and trainer log-probs
     log_entropy: bool = True                                 # entropy metric (a softmax over the vocab per token)
 

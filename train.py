@@ -40,6 +40,8 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 import algo
+import difficulty
+from difficulty import step_tasks  # noqa: F401 -- the data order, by its old name here (tests use train.step_tasks)
 import distributed
 from engines import HFEngine, VLLMEngine
 import env
@@ -60,17 +62,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # episode threads shar
 
 
 # -----------------------------------------------------------------------------------------------
-# data order: a pure function of (seed, step), so a resumed run sees exactly the tasks an unbroken one would
-
-
-def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
-    """Tasks for RL step `step`: the next n of a stream of per-epoch seeded permutations of `tasks`."""
-    out = []
-    for i in range(step * n, (step + 1) * n):
-        epoch, j = divmod(i, len(tasks))
-        perm = random.Random(f"{seed}-{epoch}").sample(range(len(tasks)), len(tasks))
-        out.append(tasks[perm[j]])
-    return out
+# a step's tasks: difficulty.py's draw, so a resumed run sees exactly the tasks an unbroken one would
 
 
 def rank_share(items: list, rank: int, world: int) -> tuple[list, int]:
@@ -180,6 +172,7 @@ class Run:
     ref_model: object      # π_ref of algo's KL term under full fine-tuning (learner.load_reference)
     env: env.Env
     lock: rundir.RunLock | None  # rank 0's: no second process writes the run directory
+    filter: difficulty.DifficultyFilter  # which tasks sit out (train.filter_window); its state is in every checkpoint
 
 
 def setup(cfg: Config, resume: bool, restart: bool) -> Run:
@@ -239,8 +232,11 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
         model = distributed.wrap_parallel(model, cfg, device, learner.compute_dtype(cfg, device))
     if shards:  # each rank reads its own part of the weights (the optimizer's: rl_optimizer)
         distributed.load_shards(shards, model, {})
+    lag = cfg.train.max_staleness if cfg.train.mode == "async" else 0  # the producer draws that far ahead
+    filt = difficulty.DifficultyFilter(cfg.train.filter_window, cfg.train.filter_sit_out, lag)
+    filt.load(state.get("difficulty", {}))
     return Run(cfg, device, rank, world, out, rcfg, acfg, train_tasks, eval_tasks, ckpt, state,
-               state.get("experts", {}), log, tok, model, ref_model, terminals, lock)
+               state.get("experts", {}), log, tok, model, ref_model, terminals, lock, filt)
 
 
 def resume_point(out: Path, resume: bool, rank: int, world: int) -> tuple[Path | None, dict]:
@@ -267,7 +263,7 @@ def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
     under torchrun each rank writes its own shard (sharded_checkpoint)."""
     cfg = r.cfg
     st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state(),
-          "experts": r.experts}
+          "experts": r.experts, "difficulty": r.filter.state()}
     keep_sft = sft_opt is not None and cfg.sft.keep_moments  # a resume from the SFT-only start carries them too
     if r.world > 1:
         return sharded_checkpoint(r, step, st, {"optimizer": opt} if opt is not None else
@@ -384,7 +380,7 @@ def start_policy(r: Run, version: int) -> Policy:
 
 def rollout_step(r: Run, policy, step: int):
     """Step `step`'s episodes on this rank: (step, all ranks' tasks, trajectories, seconds, generation seconds)."""
-    tasks = step_tasks(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)  # logged whole; this rank's share:
+    tasks, _, _ = r.filter.draw(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)  # all ranks'; this one's:
     mine, before = rank_share(tasks, r.rank, r.world)
     g0, t0 = policy.gen_busy_s, time.time()
     trajs = rollout.collect(mine, policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,
@@ -439,6 +435,18 @@ def share_experts(r: Run, trajs):
     if r.world > 1 and r.rcfg.refresh_expert:
         pairs = [p for part in distributed.gather(rollout.successes(trajs), r.world) for p in part]
         r.experts.update(rollout.shortest_per_task(pairs))
+
+
+def filter_step(r: Run, step: int, trajs) -> dict:
+    """Every rank's valid episodes of step `step` into the difficulty filter (collective, as
+    share_experts), and the step's metrics: zero_adv_frac (difficulty.zero_adv_frac: the share of
+    groups without signal), the tasks that sat out, and whether all did (the draw took them all)."""
+    mine = [(t.task_name, t.group_id, t.reward) for t in trajs if t.valid]
+    outcomes = [o for part in distributed.gather(mine, r.world) for o in part]
+    _, sat_out, fell_back = r.filter.draw(r.train_tasks, step, 1, r.cfg.seed)  # what step's draw saw
+    r.filter.record(step, [(name, reward > 0) for name, _, reward in outcomes])
+    return {"zero_adv_frac": difficulty.zero_adv_frac([(g, x) for _, g, x in outcomes], r.acfg.baseline),
+            "tasks_sitting_out": sat_out, "filter_fell_back": fell_back}
 
 
 def episode_stats(trajs, world: int) -> tuple[float, float, bool]:
@@ -540,6 +548,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
         tasks, trajs, n_stale, t_roll, t_gen = next_rollout(r, policy, step, produced)
         rollout.write_jsonl(trajs, traj_file)
         share_experts(r, trajs)
+        filtered = filter_step(r, step, trajs)
         reward, success, train_now = episode_stats(trajs, world)
 
         # 2. advantages, 3. engine sleeps, 4. update in token-budget micro-batches
@@ -548,7 +557,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
             policy.sleep()
         m = {}
         if train_now:
-            batch = rollout.make_batch(trajs, r.tok.pad_token_id)
+            batch = algo.at_level(rollout.make_batch(trajs, r.tok.pad_token_id), r.acfg.level)
             adv = algo.compute_advantages(batch, r.acfg)
             # a batch no loss term can learn from (every episode failed under a successes-only loss)
             # is not trained on, and the lr schedule does not advance: AdamW's momentum would still
@@ -576,7 +585,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
         # 8. log: one line per step
         rec = {"phase": "rl", "step": done, "reward": reward, "success": success, "tasks": [t.name for t in tasks],
-               "episodes": len(trajs), "dropped_stale": n_stale, "policy_version": policy.version, **m,
+               "episodes": len(trajs), "dropped_stale": n_stale, "policy_version": policy.version, **filtered, **m,
                "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
                "time/rollout": t_roll, "time/generation": t_gen, "time/env": max(0.0, t_roll - t_gen),
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,

@@ -81,7 +81,7 @@ def main():
             if it == a.iters:
                 print(f"after {a.iters} updates: success {success:.3f}")
                 break
-            batch = rollout.make_batch(trajs, tok.pad_token_id)
+            batch = algo.at_level(rollout.make_batch(trajs, tok.pad_token_id), acfg.level)  # as train.py
             adv = algo.compute_advantages(batch, acfg)
             sign = algo.trajectory_sign(adv)
             before = row_logprob(model, batch)

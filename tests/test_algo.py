@@ -373,6 +373,38 @@ def test_ipa_chunk_loss_topr_split_by_hand():
     assert hi[1].tolist() == [False, True, True, False, False, False] and not hi[0].any() and not lo.any()
 
 
+def test_token_level_ipa_is_the_per_token_form():
+    """algo.level token: every trained token is its own chunk, so IPA's loss is the per-token form
+    by hand: G_t = γ^(N−1−i)·A for the i-th of a row's N trained tokens, w_t = 1 on T+ and
+    min(π_θ/π_old, 1) of the token alone on T−, chunk_mask a token mask, seq-mean-token-mean.
+    At level chunk the same batch gives another loss (the chunk means differ)."""
+    b = build_batch(["paaoaa", "paaoaap"], [1.0, 0.0])
+    lp = torch.tensor([[0, -0.5, -0.7, 0, -0.2, -0.4, 0], [0, -0.5, -0.7, 0, -0.2, -0.4, 0]], requires_grad=True)
+    b.old_logprobs = torch.tensor([[0, -1.5, -1.7, 0, 0.0, 0.0, 0], [0, -0.9, -0.2, 0, 0.4, 0.2, 0]])
+    b.infer_logprobs = b.old_logprobs - torch.tensor([[0, 0, 0, 0, 0, 0, 0], [0, 0, 2.0, 0, 0, 0, 0]])
+    cfg = AlgoConfig(gamma=0.5, level="token", mismatch_cap=5.0)  # baseline none, failure -> -1
+    tb = algo.at_level(b, cfg.level)
+    assert tb.chunk_ids.tolist() == [[-1, 0, 1, -1, 2, 3, -1]] * 2 and tb.num_chunks.tolist() == [4, 4]
+    loss, _, _ = algo.policy_loss(lp, tb, algo.compute_advantages(tb, cfg), cfg)
+    rows = []
+    for r, A in [(0, 1.0), (1, -1.0)]:
+        toks = [1, 2, 4, 5]
+        terms = []
+        for i, t in enumerate(toks):
+            if b.old_logprobs[r, t] - b.infer_logprobs[r, t] > math.log(5.0):  # π_old/μ = e^2 > H: masked
+                continue
+            w = 1.0 if A > 0 else min(math.exp(lp[r, t].item() - b.old_logprobs[r, t].item()), 1.0)
+            terms.append(-w * 0.5 ** (len(toks) - 1 - i) * A * lp[r, t].item())
+        rows.append(sum(terms) / len(terms))
+    assert loss.item() == pytest.approx(sum(rows) / 2)
+    ccfg = dataclasses.replace(cfg, level="chunk")
+    chunk_loss, _, _ = algo.policy_loss(lp, b, algo.compute_advantages(b, ccfg), ccfg)
+    assert chunk_loss.item() != pytest.approx(loss.item())
+    assert algo.at_level(b, "chunk") is b
+    with pytest.raises(ValueError, match="algo.level"):
+        AlgoConfig(level="turn")
+
+
 def test_k3_kl_and_aggregation_modes_by_hand():
     lp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
     want = [math.exp(r - l) - (r - l) - 1 for l, r in [(-1.0, -1.5), (-2.0, -1.0)]]

@@ -648,7 +648,7 @@ def _same_checkpoint(a: Path, b: Path, skip_rng=()):
             _same_tensors(load_file(a / "model" / f), load_file(b / "model" / f), f"{a.name} {f}")
     for r in skip_rng:
         sa["rng"].pop(r), sb["rng"].pop(r)
-    for key in ("step", "optimizer", "scheduler", "rng", "experts"):
+    for key in ("step", "optimizer", "scheduler", "rng", "experts", "difficulty"):
         _same_tensors(sa.get(key), sb.get(key), f"{a.name} {key}")
 
 
