@@ -41,7 +41,7 @@ from transformers import AutoTokenizer
 
 import algo
 import difficulty
-from difficulty import step_tasks  # noqa: F401 -- the data order, by its old name here (tests use train.step_tasks)
+from difficulty import step_tasks  # noqa: F401 -- the data order, as tests call it (train.step_tasks)
 import distributed
 from engines import HFEngine, VLLMEngine
 import env
