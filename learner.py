@@ -13,8 +13,10 @@ full-batch loss). Rows are packed by padded token count, not by row count, so on
 does not blow the memory of a forward and short ones do not waste it on padding.
 """
 import contextlib
+import ctypes
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -84,6 +86,21 @@ def compute_dtype(cfg, device: str):
             "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
 
 
+def cpu_bf16_note(cfg, device: str) -> str | None:
+    """What to say when a CPU run computes in bf16 on a CPU without bf16 matrix units (AVX512-BF16,
+    AMX): there torch emulates bf16 and a step is slower than in fp32, not faster."""
+    if device != "cpu" or compute_dtype(cfg, device) != torch.bfloat16:
+        return None
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return None
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        return None
+    return ("note: model.dtype is bfloat16 but this CPU has no AVX512-BF16 or AMX: bf16 is emulated here "
+            "and slower than fp32; add --set model.dtype=float32 (and a higher engine.cpu_kvcache_gb)")
+
+
 def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = False):
     """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming.
 
@@ -125,6 +142,20 @@ def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = Fals
         # FSDP2 casts in its MixedPrecisionPolicy instead (distributed.wrap_parallel)
         model.forward = torch.autocast(device_type=device.split(":")[0], dtype=dtype)(model.forward)
     return model
+
+
+def limit_malloc_arenas(n: int = 2):
+    """At most n glibc malloc arenas (MALLOC_ARENA_MAX=n, unless the environment sets it). glibc
+    gives every thread that allocates its own arena, up to 8 a core, and keeps what is freed there
+    for that arena's reuse: a run's episode threads, the engine and the trainer's micro-batches then
+    hold GBs that no tensor uses (docs/results.md "Where SmolLM2's memory goes"). Call it before
+    threads start; a no-op where the C library is not glibc."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, n)  # -8: M_ARENA_MAX (malloc.h)
+    except (OSError, AttributeError):
+        pass
 
 
 def release_cached_memory(device: str):

@@ -225,6 +225,8 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     log = RunLog(out, ckpt is not None, cfg.tensorboard and rank == 0, write=rank == 0)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     shards = ckpt / distributed.SHARDS if "sharded" in state else None  # a torchrun checkpoint's weights
+    if rank == 0 and (note := learner.cpu_bf16_note(cfg, device)):
+        print(note, file=sys.stderr)
     model = learner.load_model(cfg, device, None if shards else ckpt)
     ref_model = learner.load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
     terminals = make_env(cfg)
@@ -688,6 +690,7 @@ def main(argv=None):
     ap.add_argument("--restart", action="store_true",
                     help="start over in an out_dir that holds a run: the old one is moved to <out_dir>.<date-time>")
     a = ap.parse_args(argv)
+    learner.limit_malloc_arenas()
     with distributed.error_said_once():
         try:
             cfg = load_config(a.config, a.set)
