@@ -13,10 +13,8 @@ full-batch loss). Rows are packed by padded token count, not by row count, so on
 does not blow the memory of a forward and short ones do not waste it on padding.
 """
 import contextlib
-import ctypes
 import dataclasses
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -142,20 +140,6 @@ def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = Fals
         # FSDP2 casts in its MixedPrecisionPolicy instead (distributed.wrap_parallel)
         model.forward = torch.autocast(device_type=device.split(":")[0], dtype=dtype)(model.forward)
     return model
-
-
-def limit_malloc_arenas(n: int = 2):
-    """At most n glibc malloc arenas (MALLOC_ARENA_MAX=n, unless the environment sets it). glibc
-    gives every thread that allocates its own arena, up to 8 a core, and keeps what is freed there
-    for that arena's reuse: a run's episode threads, the engine and the trainer's micro-batches then
-    hold GBs that no tensor uses (docs/results.md "Where SmolLM2's memory goes"). Call it before
-    threads start; a no-op where the C library is not glibc."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-8, n)  # -8: M_ARENA_MAX (malloc.h)
-    except (OSError, AttributeError):
-        pass
 
 
 def release_cached_memory(device: str):

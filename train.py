@@ -690,7 +690,6 @@ def main(argv=None):
     ap.add_argument("--restart", action="store_true",
                     help="start over in an out_dir that holds a run: the old one is moved to <out_dir>.<date-time>")
     a = ap.parse_args(argv)
-    learner.limit_malloc_arenas()
     with distributed.error_said_once():
         try:
             cfg = load_config(a.config, a.set)

@@ -4,8 +4,12 @@ per seed, then the mean and spread of the gain: the demo table of docs/results.m
     python bench/demo_seeds.py                      # seeds 0 1 2 of configs/tiny.yaml (~13 min each)
     python bench/demo_seeds.py --seeds 0 1 --config configs/tiny.yaml --set train.steps=4
     python bench/demo_seeds.py --no-run             # only summarise runs/<name>-seed<S> already there
+
+After the table, from every seed's eval_trajectories.jsonl: success by task kind and turns per
+episode (mean and distribution) at the first and the last eval, all seeds together.
 """
 import argparse
+import collections
 import json
 import re
 import statistics
@@ -60,6 +64,34 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def episodes(run_dirs: list[Path]) -> str:
+    """Success by kind and turns per episode at the first and the last eval, over all run_dirs (in
+    sync mode an eval episode's policy_version is its RL step). The kind is the task name's last part."""
+    at = collections.defaultdict(list)  # "first" | "last" -> episodes
+    for d in run_dirs:
+        eps = [json.loads(line) for line in (d / "eval_trajectories.jsonl").read_text().splitlines() if line.strip()]
+        eps = [e for e in eps if e["valid"]]
+        if eps:
+            versions = sorted({e["policy_version"] for e in eps})
+            for when, v in (("first", versions[0]), ("last", versions[-1])):
+                at[when] += [e for e in eps if e["policy_version"] == v]
+    kinds = sorted({e["task_name"].rsplit("-", 1)[-1] for eps in at.values() for e in eps})
+    lines = ["| kind | first eval | last eval |", "|---|---|---|"]
+    for k in kinds:
+        cells = []
+        for when in ("first", "last"):
+            ks = [e for e in at[when] if e["task_name"].rsplit("-", 1)[-1] == k]
+            cells.append(f"{sum(e['reward'] > 0 for e in ks)}/{len(ks)}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    for when in ("first", "last"):
+        turns = collections.Counter(e["num_turns"] for e in at[when])
+        n = sum(turns.values())
+        mean = sum(t * c for t, c in turns.items()) / max(1, n)
+        lines.append(f"\nturns per episode at the {when} eval: mean {mean:.2f} over {n} episodes; "
+                     + ", ".join(f"{t}: {c}" for t, c in sorted(turns.items())))
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "tiny.yaml"))
@@ -68,7 +100,7 @@ def main(argv=None):
     ap.add_argument("--no-run", action="store_true", help="summarise existing runs only")
     args = ap.parse_args(argv)
     base = config.load_config(args.config, args.set)
-    rows = []
+    rows, dirs = [], []
     for seed in args.seeds:
         name = f"{base.run_name}-seed{seed}"
         run_dir = Path(config.load_config(args.config, args.set + [f"run_name={name}"]).out_dir)
@@ -85,8 +117,11 @@ def main(argv=None):
             raise SystemExit(f"{run_dir}: fewer than two evals logged (is eval.at_start on and the run finished?)")
         first, last = min(h["evals"]), max(h["evals"])
         rows.append({"seed": seed, **h, "gain": h["evals"][last] - h["evals"][first]})
+        dirs.append(run_dir)
     print()
     print(table(rows))
+    print()
+    print(episodes(dirs))
 
 
 if __name__ == "__main__":
