@@ -47,7 +47,7 @@ class ModelConfig:
 class EngineConfig:
     kind: str = "vllm"                                        # vllm | hf (transformers generate; slow, no vLLM needed)
     gpu_memory_utilization: Annotated[float, "(0, 1]"] = 0.5  # colocated with the trainer: leave room for it
-    cpu_kvcache_gb: Annotated[int, ">= 1"] = 1                # VLLM_CPU_KVCACHE_SPACE on CPU
+    cpu_kvcache_gb: Annotated[float, "> 0"] = 1.0             # the KV cache on CPU (VLLM_CPU_KVCACHE_SPACE, whole GiB, overrides)
     max_model_len: Annotated[int, ">= 1"] = 4096              # longest sequence the engine serves (>= rollout.max_context)
     enforce_eager: bool = True                                # CUDA graphs cost start-up time and memory for little gain here
     sleep: bool = True                                        # train.mode sync: free the engine's GPU memory while the trainer steps;

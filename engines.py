@@ -64,7 +64,8 @@ class VLLMEngine:
     """In-process vllm.LLM; sleep/wake, in-place weight reload and LoRA hot-swap for training."""
 
     def __init__(self, model, dtype="auto", max_model_len=4096, enable_lora=False, max_lora_rank=16,
-                 gpu_memory_utilization=0.5, seed=0, enable_prefix_caching=True, verbose=False, **llm_kwargs):
+                 gpu_memory_utilization=0.5, seed=0, enable_prefix_caching=True, verbose=False, cpu_kvcache_gb=None,
+                 **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights are passed by reference
         if not verbose:
             quiet_vllm()
@@ -88,6 +89,8 @@ class VLLMEngine:
             # which a CPU generator cannot). Episodes are seeded, so every prompt is prefilled whole:
             # tests/test_rollout.py::test_seeded_requests_with_prompts_over_one_steps_token_budget_complete
             kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, max_model_len))
+            if cpu_kvcache_gb:  # vLLM's own VLLM_CPU_KVCACHE_SPACE, when set, takes precedence (whole GiB)
+                kw.update(kv_cache_memory_bytes=int(cpu_kvcache_gb * 2 ** 30))
         kw.update(llm_kwargs)
         self.llm = LLM(**kw)
         self.engine = self.llm.llm_engine

@@ -13,6 +13,7 @@ full-batch loss). Rows are packed by padded token count, not by row count, so on
 does not blow the memory of a forward and short ones do not waste it on padding.
 """
 import contextlib
+import ctypes
 import dataclasses
 import math
 from pathlib import Path
@@ -145,9 +146,16 @@ def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = Fals
 def release_cached_memory(device: str):
     """Hand the GPU blocks torch's caching allocator holds but no tensor uses (a step's
     activations) back to the driver before the engine wakes: vLLM allocates its weights and KV
-    cache through its own pool (CuMemAllocator), which cannot use them. A no-op on CPU."""
+    cache through its own pool (CuMemAllocator), which cannot use them. On CPU glibc keeps the
+    freed activations in its heaps for reuse: malloc_trim hands them back, so the engine's KV pages
+    and the episodes' buffers do not land on top of them (docs/results.md "Where SmolLM2's memory goes")."""
     if device == "cuda":
         torch.cuda.empty_cache()
+    elif device == "cpu":
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
 
 
 def save_model(model, tokenizer, out: Path, state_dict: dict | None = None):

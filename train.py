@@ -80,12 +80,12 @@ def rank_share(items: list, rank: int, world: int) -> tuple[list, int]:
 def make_engine(cfg: Config, model_path, device: str):
     if cfg.engine.kind == "hf":
         return HFEngine(model_path, dtype=learner.compute_dtype(cfg, device), device=device)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.engine.cpu_kvcache_gb))
     dtype = str(learner.compute_dtype(cfg, device)).removeprefix("torch.")  # the trainer's, so the sync gap means something
     return VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
                               enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
                               gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
                               enforce_eager=cfg.engine.enforce_eager, verbose=cfg.verbose,
+                              cpu_kvcache_gb=cfg.engine.cpu_kvcache_gb,
                               **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 

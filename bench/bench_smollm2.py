@@ -142,7 +142,7 @@ def generation(cfg, tok, concurrency: list[int], max_tokens: int, lora: bool):
                   f"{gen / dt:6.1f} tokens/s ({gen / cpu:6.1f} a CPU s) | prefill of {n} first prompts: "
                   f"{row[0][1]:5.2f} s at {row[0][0]} tokens (tools block), {row[1][1]:5.2f} s at {row[1][0]} (none) "
                   f"| {load()}", flush=True)
-    print(f"engine: {mem}, KV space {os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB (engine.cpu_kvcache_gb)", flush=True)
+    print(f"engine: {mem}, KV space {os.environ.get('VLLM_CPU_KVCACHE_SPACE') or cfg.engine.cpu_kvcache_gb} GiB (engine.cpu_kvcache_gb)", flush=True)
     del engine
     gc.collect()
 
