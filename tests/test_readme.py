@@ -115,7 +115,7 @@ ON_THIS_MACHINE = [("--nproc-per-node 8", "--nproc-per-node 2"),
 
 
 RULES = {
-    "make demo": Rule(),  # its recipe must be a README command run here (test_readme_command)
+    "make demo": Rule(),  # its recipe's last line must be a README command run here (test_readme_command)
     "make test": Rule(skip="runs the whole suite, of which this test is part"),
     DEMO: Rule(append=SHORT, check=_check_demo),
     "python train.py --config configs/tiny.yaml --set train.steps=4 --set run_name=tiny-4steps":
@@ -143,7 +143,6 @@ RULES = {
         append=SHORT + " --set train.steps=1 --set eval.every=0",
         needs=["python scripts/get_smollm2.py"],
         check=lambda r, clone: (clone / "runs" / "smollm2-cpu" / "summary.txt").exists()),
-    "make demo-smollm2": Rule(),  # as make demo: its recipe's last line is the command above
     "python bench/bench_smollm2.py --no-warmup": Rule(
         append="--only generation --concurrency 1 --engines full --max-tokens 2",
         needs=["python scripts/get_smollm2.py"], check=lambda r, clone: "tokens/s" in r.stdout),

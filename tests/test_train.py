@@ -1045,3 +1045,18 @@ def test_nodes_that_see_different_run_dirs_stop_at_once(tiny_model_dir, tmp_path
         assert node.count(f"rank 1 on {socket.gethostname()}: {tmp_path}/b does not hold what rank 0 wrote in "
                           f"{tmp_path}/a") == 1, said
     assert not (tmp_path / "a" / "checkpoints").exists()  # stopped before SFT
+
+
+def test_the_engines_cpu_kv_cache_is_the_configs_in_fractions_of_a_gib(tiny_model_dir):
+    """Bug: engine.cpu_kvcache_gb went to vLLM as VLLM_CPU_KVCACHE_SPACE, whole GiB only and set once
+    a process (the first engine's value won), so the SmolLM2 demo could not ask for 0.5 GiB. Now it
+    is vLLM's kv_cache_memory_bytes, in a fresh process without the variable (conftest sets it)."""
+    code = (f"import config, train\n"
+            f"cfg = config.load_config('configs/tiny.yaml', ['engine.cpu_kvcache_gb=0.25', "
+            f"'model.path={tiny_model_dir}', 'model.build_tiny=false'])\n"
+            "e = train.make_engine(cfg, cfg.model.path, 'cpu')\n"
+            "print('KV', e.engine.vllm_config.cache_config.kv_cache_memory_bytes)\n")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"KV {2 ** 28}" in r.stdout, r.stdout[-2000:]
