@@ -319,7 +319,13 @@ def test_demo_seeds_prints_the_results_table(clone):
     r = subprocess.run("python bench/demo_seeds.py --seeds 0 --no-run", shell=True, cwd=d, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    printed = [line for line in r.stdout.splitlines() if line.startswith("|")]
+    out = r.stdout.splitlines()
+    first = next(i for i, line in enumerate(out) if line.startswith("|"))
+    printed = []  # the seed table: the first block of rows (the by-kind table follows it)
+    for line in out[first:]:
+        if not line.startswith("|"):
+            break
+        printed.append(line)
     lines = RESULTS.read_text().splitlines()
     i = next(i for i, line in enumerate(lines) if line.startswith("| seed | SFT stopped"))
     documented = []
