@@ -381,13 +381,15 @@ def start_policy(r: Run, version: int) -> Policy:
 
 
 def rollout_step(r: Run, policy, step: int):
-    """Step `step`'s episodes on this rank: (step, all ranks' tasks, trajectories, seconds, generation seconds)."""
-    tasks, _, _ = r.filter.draw(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)  # all ranks'; this one's:
-    mine, before = rank_share(tasks, r.rank, r.world)
+    """Step `step`'s episodes on this rank: (step, all ranks' tasks, the draw's metrics, trajectories,
+    seconds, generation seconds)."""
+    tasks, sat_out, fell_back = r.filter.draw(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)
+    drawn = {"tasks_sitting_out": sat_out, "filter_fell_back": fell_back}
+    mine, before = rank_share(tasks, r.rank, r.world)  # all ranks' tasks; this one's
     g0, t0 = policy.gen_busy_s, time.time()
     trajs = rollout.collect(mine, policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,
                             group_id_start=step * r.cfg.train.tasks_per_step + before, progress=False, experts=r.experts)
-    return step, tasks, trajs, time.time() - t0, policy.gen_busy_s - g0
+    return step, tasks, drawn, trajs, time.time() - t0, policy.gen_busy_s - g0
 
 
 def start_producer(r: Run, policy, start: int, stop: threading.Event) -> queue.Queue:
@@ -412,19 +414,19 @@ def start_producer(r: Run, policy, start: int, stop: threading.Event) -> queue.Q
 
 
 def next_rollout(r: Run, policy, step: int, produced: queue.Queue | None):
-    """(tasks, trajectories, stale ones dropped, seconds, generation seconds): from the async
-    producer, else rolled out now with the engine awake."""
+    """(tasks, the draw's metrics, trajectories, stale ones dropped, seconds, generation seconds):
+    from the async producer, else rolled out now with the engine awake."""
     if produced is not None:
         item = produced.get()
         if isinstance(item, BaseException):  # the producer's rollout failed: the run ends with its error
             raise item
-        s, tasks, trajs, t_roll, t_gen = item
+        s, tasks, drawn, trajs, t_roll, t_gen = item
         assert s == step, f"async producer is at step {s}, trainer at {step}"
         trajs, n_stale = rollout.drop_stale(trajs, policy.version, r.cfg.train.max_staleness)
-        return tasks, trajs, n_stale, t_roll, t_gen
+        return tasks, drawn, trajs, n_stale, t_roll, t_gen
     policy.wake()
-    _, tasks, trajs, t_roll, t_gen = rollout_step(r, policy, step)
-    return tasks, trajs, 0, t_roll, t_gen
+    _, tasks, drawn, trajs, t_roll, t_gen = rollout_step(r, policy, step)
+    return tasks, drawn, trajs, 0, t_roll, t_gen
 
 
 def share_experts(r: Run, trajs):
@@ -441,14 +443,11 @@ def share_experts(r: Run, trajs):
 
 def filter_step(r: Run, step: int, trajs) -> dict:
     """Every rank's valid episodes of step `step` into the difficulty filter (collective, as
-    share_experts), and the step's metrics: zero_adv_frac (difficulty.zero_adv_frac: the share of
-    groups without signal), the tasks that sat out, and whether all did (the draw took them all)."""
+    share_experts), and zero_adv_frac (difficulty.zero_adv_frac: the share of groups without signal)."""
     mine = [(t.task_name, t.group_id, t.reward) for t in trajs if t.valid]
     outcomes = [o for part in distributed.gather(mine, r.world) for o in part]
-    _, sat_out, fell_back = r.filter.draw(r.train_tasks, step, 1, r.cfg.seed)  # what step's draw saw
     r.filter.record(step, [(name, reward > 0) for name, _, reward in outcomes])
-    return {"zero_adv_frac": difficulty.zero_adv_frac([(g, x) for _, g, x in outcomes], r.acfg.baseline),
-            "tasks_sitting_out": sat_out, "filter_fell_back": fell_back}
+    return {"zero_adv_frac": difficulty.zero_adv_frac([(g, x) for _, g, x in outcomes], r.acfg.baseline)}
 
 
 def episode_stats(trajs, world: int) -> tuple[float, float, bool]:
@@ -547,7 +546,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     for step in bar:
         t_step = time.time()
         # 1. rollout (engine awake)
-        tasks, trajs, n_stale, t_roll, t_gen = next_rollout(r, policy, step, produced)
+        tasks, drawn, trajs, n_stale, t_roll, t_gen = next_rollout(r, policy, step, produced)
         rollout.write_jsonl(trajs, traj_file)
         share_experts(r, trajs)
         filtered = filter_step(r, step, trajs)
@@ -587,7 +586,7 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
 
         # 8. log: one line per step
         rec = {"phase": "rl", "step": done, "reward": reward, "success": success, "tasks": [t.name for t in tasks],
-               "episodes": len(trajs), "dropped_stale": n_stale, "policy_version": policy.version, **filtered, **m,
+               "episodes": len(trajs), "dropped_stale": n_stale, "policy_version": policy.version, **drawn, **filtered, **m,
                "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
                "time/rollout": t_roll, "time/generation": t_gen, "time/env": max(0.0, t_roll - t_gen),
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
