@@ -20,12 +20,6 @@ import terminal
 from conftest import FIXTURE_TASKS, ROOT
 
 
-def _procs(term) -> int:
-    procs = container.container_procs(term.host_pid)
-    assert procs is not None, "tests run next to a local Docker daemon"
-    return len(procs)
-
-
 # --- the persistent shell ----------------------------------------------------------------------
 
 def test_state_persists_across_commands(docker_env, easy_tasks):
@@ -72,25 +66,6 @@ def test_output_flood_is_capped(docker_env, easy_tasks):
         r = term.run(r"printf 'ok \xff\xfe end\n'")
         assert r.output == "ok \ufffd\ufffd end\n"  # undecodable bytes replaced, never an exception
         assert term.run("echo fine").output == "fine\n"
-
-
-def test_fork_bomb_is_contained(docker_env, easy_tasks):
-    task = dataclasses.replace(easy_tasks[3], pids=64)
-    with docker_env.reset(task) as term:
-        assert docker_env.client.api.inspect_container(term.id)["HostConfig"]["PidsLimit"] == 64
-        term.run(":(){ :|:& };:", timeout=5)
-        time.sleep(1)
-        assert _procs(term) <= 64
-        outputs = [term.run("echo alive", timeout=30).output for _ in range(3)]
-        assert "alive" in outputs[-1], outputs
-
-
-def test_memory_hog_is_killed(docker_env, easy_tasks):
-    task = dataclasses.replace(easy_tasks[4], memory_mb=128)
-    with docker_env.reset(task) as term:
-        r = term.run("python3 -c \"b = b'x' * (1 << 30); print('survived')\"", timeout=60)
-        assert r.exit_code == 137 and "survived" not in r.output.splitlines(), r
-        assert term.run("echo alive").output == "alive\n"
 
 
 def test_sandbox_network_caps_and_file_size(docker_env, easy_tasks):
