@@ -25,7 +25,7 @@ import grading
 from container import (CAPS, LABEL, SHUTDOWN, BuildError, HostDown, InfraError, install_cleanup, owner_labels,
                        register, remove, sweep_stale)
 from hosts import CHECK_EVERY_S, PROBE_TIMEOUT_S, Host, HostPool, connect, parse_host
-from task_folders import HIDDEN_FILES, Task
+from task_folders import HIDDEN_FILES, Task, safe_files
 from terminal import OUTPUT_CAP, Terminal
 
 FILE_SIZE_LIMIT = 1 << 30   # RLIMIT_FSIZE in containers: one runaway `yes > f` cannot fill the host disk
@@ -35,10 +35,13 @@ DISK_CHECK_S = 0.5          # the disk watchdog's period, where the storage driv
 
 
 def _context_files(task: Task) -> list[tuple[str, Path]]:
+    """The build context's files, checked again as the loader checked them (safe_files): a folder
+    changed after load, a file swapped for a link to a host file, is a TaskError here, not a host
+    file in the image (tests/test_task_folders.py::test_a_context_file_linked_out_after_load_is_refused_at_build)."""
     ctx = task.build_context
     skip = HIDDEN_FILES if task.layout == "tb1" else set()
-    return [(str(p.relative_to(ctx)), p) for p in sorted(ctx.rglob("*"))
-            if p.is_file() and not (set(p.relative_to(ctx).parts[:1]) & skip) and "__pycache__" not in p.parts]
+    return [(str(p.relative_to(ctx)), p) for p in safe_files(ctx, task.path or ctx)
+            if not (set(p.relative_to(ctx).parts[:1]) & skip)]
 
 
 def _connect(docker, h: Host, max_starts: int) -> str | None:

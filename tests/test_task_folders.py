@@ -200,6 +200,23 @@ def test_a_host_file_never_reaches_a_task_a_container_or_a_log(planted, tmp_path
     assert CANARY not in val.stdout + val.stderr + out.read_text()
 
 
+def test_a_context_file_linked_out_after_load_is_refused_at_build(docker_env, planted, tmp_path):
+    """Bug: the build read the folder again without the loader's checks, so a context file swapped
+    for a link to a host file after load was copied into the image. The build refuses it, naming the
+    link, and builds nothing."""
+    _, host = planted
+    d = shutil.copytree(FIXTURES / "tb1-hello", tmp_path / "swapped")
+    (d / "data.txt").write_text("plain\n")
+    (d / "Dockerfile").write_text((d / "Dockerfile").read_text() + "COPY data.txt /app/data.txt\n")
+    task = T.load_task(d)
+    (d / "data.txt").unlink()
+    (d / "data.txt").symlink_to(host / "canary.txt")
+    with pytest.raises(T.TaskError) as e:
+        docker_env.image(task)
+    assert str(e.value).startswith(f"{d / 'data.txt'}: a symlink to {host / 'canary.txt'}, outside the task folder")
+    assert CANARY not in str(e.value)
+
+
 def test_a_folder_of_tasks_is_not_searched_past_a_symlink_out_of_it(tmp_path, capsys):
     """A symlinked folder leading out of the collection (to / it would search the whole host) is
     skipped with a line; one that stays inside is searched."""
