@@ -40,7 +40,9 @@ class ModelConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: [  # the layers that get adapters
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     gradient_checkpointing: bool = False            # recompute activations in backward: less memory, one more forward
-    dtype: str = "auto"                             # auto = bf16 on GPU, fp32 on CPU; or float32 / bfloat16
+    # auto = bf16 on GPU, fp32 on CPU; fast = bf16 on GPU and on CPUs with AMX / AVX512-BF16, fp32 on
+    # others (where bf16 is emulated); or float32 / bfloat16 / float16
+    dtype: str = "auto"
 
 
 @dataclass
@@ -366,7 +368,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("data.eval_split", cfg.data.eval_split, ("train", "heldout")),
                                ("data.generated_family", cfg.data.generated_family, tuple(FAMILIES)),
                                ("device", cfg.device, ("auto", "cpu", "cuda")),
-                               ("model.dtype", cfg.model.dtype, ("auto", "float32", "bfloat16", "float16")),
+                               ("model.dtype", cfg.model.dtype, ("auto", "fast", "float32", "bfloat16", "float16")),
                                ("env.multi_reward", cfg.env.multi_reward, ("mean", "min", "error"))]:
         if val not in allowed:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")

@@ -79,25 +79,36 @@ def _hub_model_problem(repo_id: str) -> str | None:
     return None
 
 
+def cpu_has_bf16_units(flags: set) -> bool:
+    """Whether a CPU with these /proc/cpuinfo flags computes bf16 in hardware (AVX512-BF16, AMX):
+    elsewhere torch emulates bf16 and a SmolLM2 step is many times slower than in fp32."""
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def _cpu_flags() -> set:
+    try:
+        return set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return set()
+
+
 def compute_dtype(cfg, device: str):
-    """The dtype the trainer computes in (model.dtype; auto = bf16 on GPU, fp32 on CPU)."""
+    """The dtype the trainer computes in (model.dtype): auto = bf16 on GPU, fp32 on CPU; fast = bf16
+    on GPU and on a CPU with bf16 units, fp32 on other CPUs (a laptop's AVX2 emulates bf16)."""
+    if cfg.model.dtype == "fast":
+        return torch.bfloat16 if device == "cuda" or cpu_has_bf16_units(_cpu_flags()) else torch.float32
     return {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
             "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
 
 
 def cpu_bf16_note(cfg, device: str) -> str | None:
-    """What to say when a CPU run computes in bf16 on a CPU without bf16 matrix units (AVX512-BF16,
-    AMX): there torch emulates bf16 and a step is slower than in fp32, not faster."""
-    if device != "cpu" or compute_dtype(cfg, device) != torch.bfloat16:
+    """What to say when a CPU run computes in bf16 on a CPU without bf16 units (only model.dtype
+    bfloat16 does: fast picks fp32 there)."""
+    flags = _cpu_flags()  # none readable (not Linux): nothing known to say
+    if device != "cpu" or compute_dtype(cfg, device) != torch.bfloat16 or not flags or cpu_has_bf16_units(flags):
         return None
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return None
-    if flags & {"avx512_bf16", "amx_bf16"}:
-        return None
-    return ("note: model.dtype is bfloat16 but this CPU has no AVX512-BF16 or AMX: bf16 is emulated here "
-            "and slower than fp32; add --set model.dtype=float32 (and a higher engine.cpu_kvcache_gb)")
+    return ("note: model.dtype is bfloat16 but this CPU has no AVX512-BF16 or AMX: bf16 is emulated here, "
+            "many times slower than fp32; use --set model.dtype=fast (bf16 only where the CPU has the units)")
 
 
 def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = False):

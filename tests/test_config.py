@@ -141,6 +141,24 @@ def test_every_config_key_is_read_documented_and_exercised():
     assert not unexercised, f"config keys no config file or test sets: {unexercised}"
 
 
+def test_dtype_fast_is_bf16_only_where_the_cpu_computes_it():
+    """Bug: the SmolLM2 config's bfloat16 on a CPU without AMX or AVX512-BF16 (an AVX2 EPYC) took
+    18x as long an SFT step as fp32. model.dtype fast, the SmolLM2 config's, is bf16 on GPU and on a
+    CPU with the units, fp32 on others; an explicit bfloat16 on such a CPU keeps its note."""
+    import torch
+    import learner
+    cfg = config.load_config(ROOT / "configs" / "smollm2-cpu.yaml")
+    assert cfg.model.dtype == "fast"
+    native = learner.cpu_has_bf16_units(learner._cpu_flags())
+    assert learner.compute_dtype(cfg, "cuda") == torch.bfloat16
+    assert learner.compute_dtype(cfg, "cpu") == (torch.bfloat16 if native else torch.float32)
+    assert learner.cpu_bf16_note(cfg, "cpu") is None
+    assert learner.cpu_has_bf16_units({"avx2", "amx_bf16"}) and learner.cpu_has_bf16_units({"avx512_bf16"})
+    assert not learner.cpu_has_bf16_units({"avx2", "avx512f", "f16c"})
+    explicit = config.load_config(ROOT / "configs" / "smollm2-cpu.yaml", ["model.dtype=bfloat16"])
+    assert (learner.cpu_bf16_note(explicit, "cpu") is None) == native
+
+
 # --- ranges ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("override, allowed", [
