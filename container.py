@@ -50,7 +50,7 @@ def _boot_id() -> str:
 def proc_stat(pid: int) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name, which may hold spaces and parentheses
     (so the split is at its last ")"): [0] the state, [1] the parent pid, [19] the start time
-    (proc(5) fields 3, 4 and 22). OSError when the process is gone. KILL_INSIDE's `_ppid` parses the same way."""
+    (proc(5) fields 3, 4 and 22). OSError when the process is gone. KILL_INSIDE's `_field` parses the same way."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
@@ -270,10 +270,15 @@ def _kill_exec(api, exec_id: str, cgroup: dict):
 
 
 # Inside a container whose processes we cannot signal from here: stop, then kill, all but init,
-# the first child of init (the sleep that keeps the container up) and this script's own ancestry.
-KILL_INSIDE = r"""_ppid() { { read -r s </proc/$1/stat; } 2>/dev/null || return; s=${s##*") "}; set -- $s; echo $2; }
-keep=" 1 $$ $PPID $(_ppid $PPID) "
-first=$(for p in /proc/[0-9]*; do [ "$(_ppid ${p#/proc/})" = 1 ] && echo ${p#/proc/}; done | sort -n | head -1)
+# the first child of init (the sleep that keeps the container up), this script's own ancestry and,
+# when TERMRL_FLOOR and TERMRL_SHELL are set (grading.stop_agent), what the image's ENTRYPOINT
+# started: pids at or below the floor no younger than the agent's shell (as grading._image_processes).
+KILL_INSIDE = r"""_field() { n=$2; { read -r s </proc/$1/stat; } 2>/dev/null || return; s=${s##*") "}; set -- $s; eval echo \${$n}; }
+keep=" 1 $$ $PPID $(_field $PPID 2) "
+first=$(for p in /proc/[0-9]*; do [ "$(_field ${p#/proc/} 2)" = 1 ] && echo ${p#/proc/}; done | sort -n | head -1)
+shell=$(_field "${TERMRL_SHELL:-0}" 20)
+if [ -n "${TERMRL_FLOOR:-}" ] && [ -n "$shell" ]; then for p in /proc/[0-9]*; do p=${p#/proc/}
+  b=$(_field $p 20); [ "$p" -le "$TERMRL_FLOOR" ] && [ -n "$b" ] && [ "$b" -le "$shell" ] && keep="$keep$p "; done; fi
 for sig in STOP STOP STOP KILL; do for p in /proc/[0-9]*; do p=${p#/proc/}
   case "$keep $first " in *" $p "*) ;; *) kill -$sig $p 2>/dev/null;; esac; done; done; true"""
 

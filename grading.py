@@ -241,7 +241,8 @@ def stop_agent(term) -> list[str]:
     killed process that names the tests or the verifier's output (tests/test_tampering.py)."""
     procs = term.procs()
     if procs is None:  # a daemon on another machine: kill from inside, with the container's tools
-        term.exec(KILL_INSIDE, 30, workdir="/")
+        term.exec(KILL_INSIDE, 30, workdir="/", env={"TERMRL_FLOOR": str(term._floor),
+                                                     "TERMRL_SHELL": str(term._session_pid)})
         return []
     sleeper = first_child(term.host_pid, procs)
     if sleeper is None:  # the container is stopping: nothing to grade in

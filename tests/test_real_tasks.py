@@ -234,19 +234,29 @@ WORKDIR /app
 """
 
 
-def test_image_entrypoint_runs_and_its_service_survives_grading(docker_env, tmp_path):
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_image_entrypoint_runs_and_its_service_survives_grading(docker_env, tmp_path, where):
     """Bug: the image's ENTRYPOINT was silently replaced by `sleep infinity`, so a task whose entrypoint
     starts a server never had one. It runs as in Harbor (with `sleep infinity` as its command), and what
-    it started before the agent's first command is the image's, not swept before grading."""
+    it started before the agent's first command is the image's, not swept before grading: on a daemon
+    on another machine too (bug: the kill from inside took the server with the agent's processes)."""
     d = _copy("tb2-partial", tmp_path / "entrypoint")
     (d / "environment" / "Dockerfile").write_text(ENTRY_DOCKERFILE)
     (d / "tests" / "test.sh").write_text(PROBE.replace("8123", "8124"))
-    with docker_env.reset(T.load_task(d)) as term:
+    env = docker_env if where == "local" else E.Env(hosts=["unix:///var/run/docker.sock"])
+    if where == "remote":  # what a daemon on another machine gets: no host-side /proc, cgroups or signals
+        env._hosts.hosts[0].host_side = False
+    with env.reset(T.load_task(d)) as term:
+        assert term.local is (where == "local")
         probe = "python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8124', timeout=5)\""
         for _ in range(50):
             if term.run(probe, timeout=10).exit_code == 0:
                 break
             time.sleep(0.1)
         assert term.run(probe, timeout=10).exit_code == 0
+        term.run("sleep 1000 &")  # the agent's own process goes, the image's stays
         g = grading.grade(term)
+        assert "sleep 1000" not in term.exec("ps -eo args")[1]
+    if env is not docker_env:
+        env.close()
     assert (g.reward, g.infra_error, g.tampered) == (1.0, None, None), g
