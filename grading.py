@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import docker
 
-from container import (KILL_INSIDE, Capped, HostDown, InfraError, changes, describe, first_child, proc_stat, zombie)
+from container import (KILL_INSIDE, LABEL, Capped, HostDown, InfraError, cgroup_dirs, changes, describe, docker_exec,
+                       first_child, names_container, owner_labels, proc_stat, register, remove, services, zombie)
 from task_folders import Task
 from terminal import OUTPUT_CAP
 
@@ -49,7 +50,8 @@ _VERIFIER_PATHS = re.compile(r"/tests\b|/logs/verifier|reward\.(txt|json)")
 RUNNER_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 # Programs every test harness may run, besides the words of the task's own test scripts.
 _HARNESS_PROGRAMS = {"bash", "sh", "dash", "env", "timeout", "python", "python3", "pytest", "pytest-3",
-                     "py.test", "pip", "pip3", "uv", "uvx", "rm", "mkdir"}  # rm, mkdir: verify's clean step
+                     "py.test", "pip", "pip3", "uv", "uvx", "rm", "mkdir", "sleep"}  # rm, mkdir: verify's clean
+# step; sleep: what keeps a GradingBox up
 _RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py", "pluggy.py"}
 # The packages pytest 7-8 imports at start-up, in a Python package directory (a project's own `py/`
 # or `packaging/` is not on the runner's path: PYTHONSAFEPATH).
@@ -121,37 +123,106 @@ def _grade(term) -> Grade:
         return Grade(0.0, False, {}, f"[the terminal is dead: {term.dead}]", None,
                      tampered=term.agent_stopped() or f"the agent made its container unusable: {term.dead}")
     exports = _agent_exports(term) if t.tests_in_agent_shell else {}
-    evidence = [] if t.keep_agent_processes else stop_agent(term)
-    path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":") if d.startswith("/"))
-    diff = changes(term.client.api, term.id, term.layers, term.local)
-    evidence += toolchain_changes(diff, t, term.home, _BIN_DIRS + path_dirs)
-    if evidence:
-        return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
-    g, harness_failed = verify(term, exports, stale_bytecode(diff))
+    evidence, running = ([], False) if t.keep_agent_processes else stop_agent(term)
+    box = None
+    with _paused(term, running):  # what keeps running changes no file between the check and the commit
+        path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":") if d.startswith("/"))
+        diff = changes(term.client.api, term.id, term.layers, term.local)
+        evidence += toolchain_changes(diff, t, term.home, _BIN_DIRS + path_dirs)
+        if evidence:
+            return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
+        if running:
+            box = GradingBox(term)
+    try:
+        g, harness_failed = verify(term, exports, stale_bytecode(diff), box)
+    finally:
+        if box:
+            box.close()
     if harness_failed:
         return blame(term, g.infra_error, g)
     return g
 
 
-def verify(term, exports: dict | None = None, stale: list | None = None) -> tuple[Grade, bool]:
-    """Clean /tests and /logs/verifier, remove the `stale` bytecode, copy the tests in, run them:
-    (grade, the harness failed). A Docker error or a runner it could not fetch is a harness failure
+@contextlib.contextmanager
+def _paused(term, pause: bool):
+    """The container frozen (docker pause) while the block runs, when pause."""
+    if pause:
+        term.client.api.pause(term.id)
+    try:
+        yield
+    finally:
+        if pause:
+            with contextlib.suppress(docker.errors.APIError):  # a container that stopped meanwhile
+                term.client.api.unpause(term.id)
+
+
+class GradingBox:
+    """The container the tests run in while the agent's services keep running in its own: a commit of
+    the agent's container (frozen, after the toolchain check) started with the same limits and with the
+    agent container's network namespace, so the tests reach the services on localhost, and nothing left
+    running can see or write the tests, their runner or the reward file (a separate mount and pid
+    namespace; tests/test_tampering.py::test_a_service_left_running_cannot_touch_the_grading).
+    `sleep` keeps it up: a replaced `sleep` is a change to the harness's programs."""
+
+    def __init__(self, term):
+        api, self.client, self.task = term.client.api, term.client, term.task
+        info = api.inspect_container(term.id)
+        labels = {**owner_labels(), f"{LABEL}.grading": "1"}
+        self.image = api.commit(term.id, conf={"Labels": labels}, pause=False)["Id"]
+        try:
+            hc = {k: v for k, v in info["HostConfig"].items() if k not in _NOT_SHARED}
+            hc["NetworkMode"] = f"container:{term.id}"
+            self.id = api.create_container(self.image, entrypoint=["sleep", "infinity"], command=[], labels=labels,
+                                           working_dir=info["Config"].get("WorkingDir") or "/",
+                                           host_config=hc)["Id"]
+        except Exception:
+            with contextlib.suppress(Exception):
+                api.remove_image(self.image, force=True)
+            raise
+        register(self.client, self.id)
+        api.start(self.id)
+        pid = api.inspect_container(self.id)["State"]["Pid"]
+        self.local = term.local and names_container(pid, self.id)
+        self.host_pid, self._cgroup = pid, cgroup_dirs(pid, self.id) if self.local else {}
+
+    def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):
+        """As Terminal.exec: a deadline kept from outside the container."""
+        code, out = docker_exec(self.client, self.id, ["bash", "-c", cmd], timeout, env=env,
+                                workdir=workdir or self.task.workdir, cgroup=self._cgroup,
+                                host_pid=self.host_pid if self.local else None, kill_inside=not self.local)
+        return code, out.decode("utf-8", "replace")
+
+    def close(self):
+        remove(self.client, self.id)
+        with contextlib.suppress(Exception):
+            self.client.api.remove_image(self.image, force=True)
+
+
+# What a container in another's network namespace may not set (the daemon refuses them).
+_NOT_SHARED = {"NetworkMode", "PortBindings", "PublishAllPorts", "Links", "Dns", "DnsOptions", "DnsSearch",
+               "ExtraHosts"}
+
+
+def verify(term, exports: dict | None = None, stale: list | None = None, box=None) -> tuple[Grade, bool]:
+    """Clean /tests and /logs/verifier, remove the `stale` bytecode, copy the tests in, run them, in
+    term's container or in the GradingBox beside it: (grade, the harness failed). A Docker error or a runner it could not fetch is a harness failure
     (infra_error says which), for blame to judge after an episode and for Env.harness_runs on a
     fresh container."""
     t = term.task
     env = {**(exports or {}), **verifier_env(t)}
     try:
+        box = box or term
         _join_grading_network(term)
         # Start from a clean /tests: nothing the agent left there or in the verifier's output counts.
         # rm and mkdir are in the checked toolchain (_HARNESS_PROGRAMS); the tests go in and the
         # reward comes out through the Docker API, so no other program of the container moves them.
-        term.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30, workdir="/")
+        box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30, workdir="/")
         for i in range(0, len(stale or ()), 500):  # argv stays far below the kernel's 2 MiB
-            term.exec("rm -f -- " + " ".join(shlex.quote(p) for p in stale[i:i + 500]), 30, workdir="/")
-        if not term.client.api.put_archive(term.id, "/tests", _tar(t.tests)):
+            box.exec("rm -f -- " + " ".join(shlex.quote(p) for p in stale[i:i + 500]), 30, workdir="/")
+        if not box.client.api.put_archive(box.id, "/tests", _tar(t.tests)):
             raise InfraError("could not copy the tests into the container")
-        code, out = term.exec(t.test_command, t.test_timeout_s, env=env)
-        rc, text = (_read_reward(term) if t.layout == "tb2" else (None, ""))
+        code, out = box.exec(t.test_command, t.test_timeout_s, env=env)
+        rc, text = (_read_reward(box) if t.layout == "tb2" else (None, ""))
     except Exception as e:
         return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}"), True
     g, harness_failed = _score(term, code, out, rc, text)
@@ -191,12 +262,12 @@ def _score(term, code: int, out: str, rc: int | None, text: str) -> tuple[Grade,
     return Grade(reward, reward >= 1.0, tests, output, None, rewards=rewards), False
 
 
-def _read_reward(term) -> tuple[int, str]:
+def _read_reward(box) -> tuple[int, str]:
     """(0, "path\\ncontent") of the first reward file the runner left, read through the Docker API
     once it exited; (3, "") when there is none. reward.json wins over reward.txt, as in Harbor."""
     for path in ("/logs/verifier/reward.json", "/logs/verifier/reward.txt"):
         try:
-            stream, stat = term.client.api.get_archive(term.id, path)
+            stream, stat = box.client.api.get_archive(box.id, path)
         except docker.errors.APIError:  # no such file, or a path through a file (/logs replaced by one)
             continue
         data = b""
@@ -235,19 +306,22 @@ def _agent_exports(term) -> dict:
     return out
 
 
-def stop_agent(term) -> list[str]:
-    """SIGKILL every process in the container except init and the `sleep` that keeps it up, so
-    nothing the agent started (daemons included) runs while the tests do; evidence for each
-    killed process that names the tests or the verifier's output (tests/test_tampering.py)."""
+def stop_agent(term) -> tuple[list[str], bool]:
+    """SIGKILL every process in the container but init, the `sleep` that keeps it up, what the image's
+    ENTRYPOINT started and the services the agent left (processes with a listening socket, and their
+    children): (evidence for each process that names the tests or the verifier's output, whether any
+    process is left running, so the tests run in a GradingBox). With VOLUMEs (not in a commit) or a
+    daemon on another machine the agent's services are stopped too (tests/test_tampering.py)."""
     procs = term.procs()
     if procs is None:  # a daemon on another machine: kill from inside, with the container's tools
         term.exec(KILL_INSIDE, 30, workdir="/", env={"TERMRL_FLOOR": str(term._floor),
                                                      "TERMRL_SHELL": str(term._session_pid)})
-        return []
+        return [], False
     sleeper = first_child(term.host_pid, procs)
     if sleeper is None:  # the container is stopping: nothing to grade in
-        return ["the process that keeps the container up was killed during the episode"]
-    keep = {term.host_pid, sleeper} | _image_processes(term, procs)
+        return ["the process that keeps the container up was killed during the episode"], False
+    image = _image_processes(term, procs)
+    keep = {term.host_pid, sleeper} | image
     stopped: dict[int, str] = {}
     for _ in range(1000):  # SIGSTOP until no new process appears: a stopped process cannot fork
         new = [h for h in procs if h not in keep and h not in stopped]
@@ -258,16 +332,18 @@ def stop_agent(term) -> list[str]:
             with contextlib.suppress(OSError):
                 os.kill(h, signal.SIGSTOP)
         procs = term.procs() or {}
+    served = services(term.host_pid, stopped) if not term.volumes else set()
     for h in stopped:
         with contextlib.suppress(OSError):
-            os.kill(h, signal.SIGKILL)
+            os.kill(h, signal.SIGCONT if h in served else signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while left := [h for h in (term.procs() or {}) if h in stopped and not zombie(h)]:
+    while left := [h for h in (term.procs() or {}) if h in stopped and h not in served and not zombie(h)]:
         if time.monotonic() > deadline:
             raise InfraError(f"processes {left} of the agent survived SIGKILL")
         time.sleep(0.005)
-    return [f"a process the agent left running refers to {m.group()}: {text[:200]!r}"
-            for text in stopped.values() if (m := _VERIFIER_PATHS.search(text))]
+    evidence = [f"a process the agent left running refers to {m.group()}: {text[:200]!r}"
+                for text in stopped.values() if (m := _VERIFIER_PATHS.search(text))]
+    return evidence, bool(served or image)
 
 
 def _image_processes(term, procs: dict) -> set:

@@ -57,9 +57,10 @@ def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4
             if not g.passed and not task.keep_agent_processes and \
                     run_oracle(env, dataclasses.replace(task, keep_agent_processes=True)).passed:
                 row["status"], row["error"] = "needs_service", (
-                    "the oracle passes only while the processes it started stay up during grading (a service its "
-                    "tests talk to, which the sweep before grading stops): set keep_agent_processes: true; the "
-                    "agent's daemons then stay up while the tests run too (docs/grading-integrity.md)")
+                    "the oracle passes only when its tests run in the container of the processes it started "
+                    "(tests that read files a service writes while they run; a service they only talk to stays "
+                    "up by default): set keep_agent_processes: true; the agent's daemons then share the tests' "
+                    "container (docs/grading-integrity.md)")
                 return row
             if not g.passed:
                 row["error"] = "oracle failed: " + g.output[-600:]

@@ -1,7 +1,7 @@
 """The tampering table: every trick of tests/test_tampering.py in both task layouts, with the
 reward it earns, whether it was flagged, and the grading time; then the grading failures the agent
-can force (blame), the hostile trees and processes the host-side inspection must survive, and the
-honest oracle and no-op.
+can force (blame), the hostile trees and processes the host-side inspection must survive, a service
+left running, and the honest oracle and no-op.
 
     python bench/bench_tampering.py [--repeats 3]
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import env as E  # noqa: E402
-from test_tampering import DEEP_TREES, GRADING_FAILURES, TRICKS, UNUSED, make_task, play  # noqa: E402
+from test_tampering import DEEP_TREES, GRADING_FAILURES, REWRITE, TRICKS, UNUSED, make_task, play, serving  # noqa: E402
 
 # the host-side inspection's hostile cases: a host file behind the agent's links, a device, an inode flood
 HOSTILE = {
@@ -25,6 +25,11 @@ HOSTILE = {
     "250k empty files (past the file ceiling)": "mkdir /many && cd /many && python3 -c \"import os\n"
         "for i in range(250000): os.close(os.open(str(i), os.O_CREAT))\"",
     **{k: f"cd /app && {v}" for k, v in DEEP_TREES.items()},
+}
+# a server the agent leaves listening stays up while the tests run, in a commit of the container beside it
+SERVED = {
+    "a listener rewrites the tests and the reward": serving(REWRITE),
+    "the solution beside a listener (must grade 1)": serving("time.sleep(1000)") + " && echo ok > /app/out.txt",
 }
 
 
@@ -36,7 +41,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp, E.Env(warm=1) as env:
         tasks = {layout: make_task(Path(tmp), layout) for layout in ("tb1", "tb2")}
         cases = [(n, c, None, None) for n, c in [("(oracle)", None), ("(no-op)", "true")] * args.repeats]
-        cases += [(n, c, None, None) for n, c in {**TRICKS, **UNUSED, **HOSTILE}.items()]
+        cases += [(n, c, None, None) for n, c in {**TRICKS, **UNUSED, **HOSTILE, **SERVED}.items()]
         cases += [(n, c, layout, tests) for n, (layout, c, tests) in GRADING_FAILURES.items()]
         for name, cmd, only, tests in cases:
             for layout, task in tasks.items():

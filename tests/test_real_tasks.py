@@ -212,13 +212,31 @@ PROBE = ("python3 -c \"import urllib.request; urllib.request.urlopen('http://127
          "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
 
 
-def test_validate_names_a_task_whose_tests_need_the_service_its_oracle_started(docker_env, tmp_path):
-    """Bug: a task whose oracle starts a web server its tests query failed validate as "oracle failed"
-    ("Connection refused": the sweep before grading had killed the server), with nothing saying why.
-    Validate says so and what to set; with keep_agent_processes the task is ok."""
+def test_a_task_whose_oracle_leaves_a_service_running_validates_as_shipped(docker_env, tmp_path):
+    """Bug: a task whose oracle starts a web server its tests query (the QC fixture
+    pass/webservice-healthcheck of terminal-bench-qc) failed validate: the sweep before grading killed
+    the server ("Connection refused"). The server now stays up, the tests run beside it."""
     d = _copy("tb2-partial", tmp_path / "webservice")
     (d / "solution" / "solve.sh").write_text(SERVE)
     (d / "tests" / "test.sh").write_text(PROBE)
+    row = tasktool.validate_task(docker_env, d, k=2)
+    assert (row["status"], row["oracle"], row["noop"]) == ("ok", [1.0, 1.0], 0.0), row
+
+
+# A server that records each connection in /app/hits: its tests read a file it writes while they run.
+RECORDER = ("nohup setsid python3 -c \"import socket\ns = socket.socket(); s.bind(('127.0.0.1', 8126)); s.listen()\n"
+            "while True:\n    s.accept()[0].close(); open('/app/hits', 'a').write('hit\\n')\" >/dev/null 2>&1 &\nsleep 1\n")
+RECORDED = ("python3 -c \"import socket, time; socket.create_connection(('127.0.0.1', 8126), 5); time.sleep(0.5)\"; "
+            "grep -q hit /app/hits && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+
+
+def test_validate_names_a_task_whose_tests_read_what_its_service_writes(docker_env, tmp_path):
+    """The one kind of service grading does not keep by default: tests that read a file the service
+    writes while they run (they run in a copy of the container, not in the service's). Validate says
+    so and what to set, instead of "oracle failed"; with keep_agent_processes the task is ok."""
+    d = _copy("tb2-partial", tmp_path / "recorder")
+    (d / "solution" / "solve.sh").write_text(RECORDER)
+    (d / "tests" / "test.sh").write_text(RECORDED)
     row = tasktool.validate_task(docker_env, d, k=1)
     assert row["status"] == "needs_service" and "keep_agent_processes" in row["error"], row
     (d / "task.toml").write_text((d / "task.toml").read_text().replace("[metadata]\n", "[metadata]\nkeep_agent_processes = true\n"))

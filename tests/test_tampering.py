@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+import docker
 import pytest
 
 import container
@@ -300,6 +301,52 @@ def test_exception_in_host_side_inspection_is_blamed_by_the_fresh_container(dock
     broken = dataclasses.replace(fixture_tasks["tb1"], test_command="exit 127")
     g, _ = play(docker_env, broken, "true")
     assert g.reward is None and "File name too long" in g.infra_error, g
+
+
+# --- services the agent leaves running: they keep running, out of the tests' reach -------------------
+
+def serving(loop: str, port: int = 8125) -> str:
+    """A command that leaves a server listening on port and running loop; its code is base64, so no
+    command line names the tests or the reward file (no evidence for the process sweep to find)."""
+    import base64
+    code = f"import os, socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', {port}))\ns.listen()\n{loop}"
+    b64 = base64.b64encode(code.encode()).decode()
+    return f"nohup setsid python3 -c \"import base64; exec(base64.b64decode('{b64}'))\" >/dev/null 2>&1 & sleep 1"
+
+
+REWRITE = ("while True:\n    for d, f, text in (('/tests', 'test_outputs.py', 'def test_ok():\\n    pass\\n'),\n"
+           "                         ('/logs/verifier', 'reward.txt', '1\\n')):\n"
+           "        try:\n            os.path.isdir(d) and open(os.path.join(d, f), 'w').write(text)\n"
+           "        except OSError:\n            pass\n    time.sleep(0.002)\n")
+
+
+def _grading_leftovers(api) -> list:
+    grading_label = {"label": f"{container.LABEL}.grading"}
+    return api.containers(all=True, filters=grading_label) + api.images(filters=grading_label)
+
+
+@pytest.mark.parametrize("layout", ["tb1", "tb2"])
+def test_a_service_left_running_cannot_touch_the_grading(docker_env, fixture_tasks, layout):
+    """A server the agent leaves listening stays up while the tests run (a task's tests may talk to
+    it), so it must not reach the tests or the reward file: it rewrites both in a loop, and the
+    episode still grades 0, while the server answers throughout; nothing of the grading is left."""
+    with docker_env.reset(fixture_tasks[layout]) as term:
+        term.run(serving(REWRITE), timeout=30)
+        g = grading.grade(term)
+        assert (g.reward, g.passed, g.infra_error) == (0.0, False, None), g
+        code, _ = term.exec("python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8125), 5)\"", 10)
+        assert code == 0, "the agent's server was stopped, so this test proves nothing"
+        assert _grading_leftovers(term.client.api) == []
+    g, _ = play(docker_env, fixture_tasks[layout], serving("time.sleep(1000)") + " && echo ok > /app/out.txt")
+    assert (g.reward, g.infra_error, g.tampered) == (1.0, None, None), g
+
+
+def test_a_service_left_running_does_not_change_whose_failure_a_broken_harness_is(docker_env, fixture_tasks):
+    """With /logs replaced by a file no reward can be written: the agent's failure (the harness runs
+    on a fresh container), whether or not a server of the agent's is still up."""
+    g, _ = play(docker_env, fixture_tasks["tb2"], serving("time.sleep(1000)") + " && rm -rf /logs && touch /logs")
+    assert (g.reward, g.infra_error) == (0.0, None) and "fresh container" in g.tampered, g
+    assert _grading_leftovers(docker.from_env().api) == []
 
 
 # --- host-side inspection: no host file read through the container's links, no device, no deep-tree crash ---
