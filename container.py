@@ -723,6 +723,56 @@ def services(init_pid: int, hpids) -> set:
     return keep
 
 
+class ReadWatch:
+    """The files opened in a container while the block runs (inotify IN_OPEN on each directory of its
+    root outside the system's, walked without following a link): what a task's tests read, for
+    tasktool validate's truth_in_reach. Paths are the container's; at most MAX_DIRS directories."""
+    SKIP = ("/proc", "/sys", "/dev", "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc",
+            "/tests", "/logs", "/tmp", "/run", "/boot", "/var/lib/dpkg", "/var/lib/apt", "/var/cache", "/var/log")
+    MAX_DIRS = 4096
+
+    def __init__(self, host_pid: int):
+        self.root, self.dirs, self.opened = f"/proc/{host_pid}/root", {}, set()
+
+    def __enter__(self):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        todo = ["/"]
+        while todo and len(self.dirs) < self.MAX_DIRS:
+            d = todo.pop()
+            with contextlib.suppress(OSError):
+                dfd = os.open(self.root + d, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    wd = libc.inotify_add_watch(self.fd, f"/proc/self/fd/{dfd}".encode(), 0x20)  # IN_OPEN
+                finally:
+                    os.close(dfd)
+                if wd >= 0:
+                    self.dirs[wd] = d
+                with os.scandir(self.root + d) as it:
+                    todo += [c for e in it if e.is_dir(follow_symlinks=False) and
+                             not (c := os.path.join(d, e.name)).startswith(tuple(k + "/" for k in self.SKIP))
+                             and c not in self.SKIP]
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            while True:
+                try:
+                    data = os.read(self.fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                i = 0
+                while i + 16 <= len(data):
+                    wd, mask, _, n = struct.unpack_from("iIII", data, i)
+                    name = data[i + 16:i + 16 + n].rstrip(b"\0").decode("utf-8", "replace")
+                    if wd in self.dirs and name and not mask & 0x40000000:  # IN_ISDIR: a directory listed
+                        self.opened.add(os.path.join(self.dirs[wd], name))
+                    i += 16 + n
+        finally:
+            os.close(self.fd)
+
+
 def zombie(hpid: int) -> bool:
     try:
         return proc_stat(hpid)[0] in ("Z", "X")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import docker
 
-from container import (KILL_INSIDE, LABEL, Capped, HostDown, InfraError, cgroup_dirs, changes, describe, docker_exec,
+from container import (KILL_INSIDE, LABEL, Capped, ReadWatch, HostDown, InfraError, cgroup_dirs, changes, describe, docker_exec,
                        first_child, names_container, owner_labels, proc_stat, register, remove, services, zombie)
 from task_folders import Task
 from terminal import OUTPUT_CAP
@@ -39,6 +39,8 @@ class Grade:
     infra_error: str | None
     rewards: dict = field(default_factory=dict)  # every key of a TB2 reward.json (reward.txt: {"reward": x})
     tampered: str | None = None  # evidence that the episode tampered with grading (reward is then 0)
+    image_reads: list = field(default_factory=list)  # with term.trace_reads: the image's files the tests
+    # read that the episode left as they were, outside the system's directories (tasktool's truth_in_reach)
 
 
 # What a harness prints when it cannot download its runner (curl, pip, uv, apt's "Temporary failure
@@ -138,6 +140,9 @@ def _grade(term) -> Grade:
     finally:
         if box:
             box.close()
+    changed = {p for p, _ in diff}
+    g.image_reads = [p for p in g.image_reads if p not in changed and
+                     any(os.path.lexists(lower + p) for lower in term.layers[1])]
     if harness_failed:
         return blame(term, g.infra_error, g)
     return g
@@ -221,11 +226,14 @@ def verify(term, exports: dict | None = None, stale: list | None = None, box=Non
             box.exec("rm -f -- " + " ".join(shlex.quote(p) for p in stale[i:i + 500]), 30, workdir="/")
         if not box.client.api.put_archive(box.id, "/tests", _tar(t.tests)):
             raise InfraError("could not copy the tests into the container")
-        code, out = box.exec(t.test_command, t.test_timeout_s, env=env)
+        watch = ReadWatch(box.host_pid) if term.trace_reads and box.local else contextlib.nullcontext()
+        with watch:
+            code, out = box.exec(t.test_command, t.test_timeout_s, env=env)
         rc, text = (_read_reward(box) if t.layout == "tb2" else (None, ""))
     except Exception as e:
         return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}"), True
     g, harness_failed = _score(term, code, out, rc, text)
+    g.image_reads = sorted(getattr(watch, "opened", ()))
     offline = _NO_NETWORK.search(out)
     if offline and not g.tests and not (g.reward or 0) > 0:  # no test ran: the runner could not be fetched
         net = term.grading_network

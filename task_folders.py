@@ -61,6 +61,7 @@ class Task:
     tests_in_agent_shell: bool = False  # TB1 run_tests_in_same_shell: the tests see the agent's exported variables
     tests_need_network: bool = False  # the test scripts download their runner (grading joins env's grading network)
     verifier_changes_ok: list = field(default_factory=list)  # globs of toolchain paths the solution may change
+    tests_read_ok: list = field(default_factory=list)  # globs of the image's files the tests may read (validate)
     pytest_plugins: list = field(default_factory=list)  # plugin modules the tests need (entry-point autoload is off)
     tests_import_agent_code: bool = False  # the tests import from the working directory (else PYTHONSAFEPATH)
     host_labels: list = field(default_factory=list)  # only Docker hosts with all these labels run it (env.hosts)
@@ -301,18 +302,20 @@ def _host_labels(meta: dict, where: str) -> list:
 def _integrity(meta: dict, where: str) -> dict:
     """The grading opt-outs of a task: TB1 top-level keys, TB2 keys of [metadata]."""
     keep, ok = meta.get("keep_agent_processes", False), meta.get("verifier_changes_ok", [])
+    reads = meta.get("tests_read_ok", [])
     plugins, agent_code = meta.get("pytest_plugins", []), meta.get("tests_import_agent_code", False)
     for name, v in [("keep_agent_processes", keep), ("tests_import_agent_code", agent_code)]:
         if not isinstance(v, bool):
             raise TaskError(f"{where}: {name} must be true or false, got {v!r}")
-    if not (isinstance(ok, list) and all(isinstance(g, str) and g.startswith("/") for g in ok)):
-        raise TaskError(f"{where}: verifier_changes_ok must be a list of absolute path globs, got {ok!r}")
+    for name, v in [("verifier_changes_ok", ok), ("tests_read_ok", reads)]:
+        if not (isinstance(v, list) and all(isinstance(g, str) and g.startswith("/") for g in v)):
+            raise TaskError(f"{where}: {name} must be a list of absolute path globs, got {v!r}")
     if not (isinstance(plugins, list) and all(isinstance(p, str) and re.fullmatch(r"[A-Za-z_][\w.]*", p)
                                               for p in plugins)):
         raise TaskError(f"{where}: pytest_plugins must be a list of plugin module names "
                         f"(e.g. [\"pytest_asyncio\"]), got {plugins!r}")
     return {"keep_agent_processes": keep, "verifier_changes_ok": ok, "pytest_plugins": plugins,
-            "tests_import_agent_code": agent_code}
+            "tests_import_agent_code": agent_code, "tests_read_ok": reads}
 
 
 def _load_tb2(d: Path) -> Task:

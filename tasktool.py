@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import json
 import os
 import sys
@@ -21,11 +22,13 @@ from hosts import HostsDown
 from task_folders import Task, TaskError, load_task, oracle_commands, task_dirs
 
 
-def run_oracle(env: Env, task: Task, noop: bool = False) -> Grade:
-    """One episode where the oracle's commands (or nothing) are typed into the terminal, then graded."""
+def run_oracle(env: Env, task: Task, noop: bool = False, trace_reads: bool = False) -> Grade:
+    """One episode where the oracle's commands (or nothing) are typed into the terminal, then graded
+    (trace_reads: Grade.image_reads says which of the image's files the tests read)."""
     with env.reset(task) as term:
         for cmd in ([] if noop else oracle_commands(task)):
             term.run(cmd, timeout=min(task.agent_timeout_s, 600))
+        term.trace_reads = trace_reads
         return grade(term)
 
 
@@ -43,8 +46,11 @@ def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4
         if g.infra_error:
             raise InfraError(f"no-op run: {g.infra_error}")
         row["noop"] = g.reward
-        for _ in range(k):
-            g = run_oracle(env, task)
+        truth = []
+        for i in range(k):
+            g = run_oracle(env, task, trace_reads=i == 0)
+            if i == 0:
+                truth = [p for p in g.image_reads if not any(fnmatch.fnmatch(p, x) for x in task.tests_read_ok)]
             if g.infra_error:
                 raise InfraError(f"oracle run: {g.infra_error}")
             row["oracle"].append(g.reward)
@@ -78,6 +84,12 @@ def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4
             row["status"] = "oracle_fails" if len(row["oracle"]) == 1 and not row["flake_rate"] else "flaky"
         elif row["noop"] and row["noop"] > 0:
             row["status"], row["error"] = "noop_passes", "doing nothing already earns reward"
+        elif truth:
+            row["status"], row["error"] = "truth_in_reach", (
+                f"the tests read {', '.join(truth[:5])}: file(s) of the image that the agent can rewrite (the "
+                "oracle left them as they were), so a verdict that depends on them can be forged; ship what "
+                "the tests compare against in tests/ (copied in only at grading) or compute it in the tests, "
+                "or list the task's inputs the tests may read in tests_read_ok (docs/grading-integrity.md)")
     except TaskError as e:
         row["status"], row["error"] = "malformed", str(e)
     except BuildError as e:  # the task's own Dockerfile: a defect of the task, with the build log's tail

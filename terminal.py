@@ -174,6 +174,7 @@ class Terminal:
         self._pids_max = cgroup_read(self._cgroup, "pids", "pids.max")
         self._pids_hits = pid_limit_hits(self._cgroup)
         self.networked = False  # joined the grading network (grading.grade)
+        self.trace_reads = False  # grading.grade records which of the image's files the tests read (tasktool validate)
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
         self.layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
         # an image's VOLUMEs are directories on the host's disk that no writable-layer quota covers

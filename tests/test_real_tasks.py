@@ -278,3 +278,59 @@ def test_image_entrypoint_runs_and_its_service_survives_grading(docker_env, tmp_
     if env is not docker_env:
         env.close()
     assert (g.reward, g.infra_error, g.tampered) == (1.0, None, None), g
+
+
+# --- the task-quality classes of a public QC suite, written here: (Dockerfile lines, solution, tests) ---
+QC_TEST_SH = ("#!/bin/bash\ncd /app\npython3 -m pytest /tests/test_outputs.py -q\n"
+              "[ $? -eq 0 ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+QC_DATA = "RUN mkdir -p /app/data /app/out && printf 'id,status\\n1,ok\\n2,void\\n3,ok\\n' > /app/data/records.csv\n"
+QC_SOLVE = ("python3 -c \"import csv; rows = [r for r in csv.DictReader(open('/app/data/records.csv')) "
+            "if r['status'] != 'void']; open('/app/out/kept.txt', 'w').write(str(len(rows)))\"\n")
+QC_CLASSES = {  # class -> (verdict, Dockerfile lines, tests/test_outputs.py, {extra tests/ files}, task.toml metadata)
+    "outputs checked by the tests alone": (
+        "ok", QC_DATA, "def test_kept():\n    assert open('/app/out/kept.txt').read() == '2'\n", {}, ""),
+    "truth shipped with the tests": (
+        "ok", QC_DATA, "def test_kept():\n    assert open('/app/out/kept.txt').read() == "
+        "open('/tests/truth/kept.txt').read()\n", {"truth/kept.txt": "2"}, ""),
+    "truth baked into the image": (
+        "truth_in_reach", QC_DATA + "RUN echo -n 2 > /opt/answer_truth.txt\n",
+        "def test_kept():\n    assert open('/app/out/kept.txt').read() == open('/opt/answer_truth.txt').read()\n", {}, ""),
+    "grader in the image": (
+        "truth_in_reach", QC_DATA + "RUN printf \"print('PASS' if open('/app/out/kept.txt').read() == '2' else 'FAIL')\" "
+        "> /app/verify.py\n", "import subprocess\ndef test_kept():\n    assert 'PASS' in subprocess.run(['python3', "
+        "'/app/verify.py'], capture_output=True, text=True).stdout\n", {}, ""),
+    "an image input the task lists in tests_read_ok": (
+        "ok", QC_DATA, "import csv\ndef test_kept():\n    n = sum(r['status'] != 'void' for r in "
+        "csv.DictReader(open('/app/data/records.csv')))\n    assert open('/app/out/kept.txt').read() == str(n)\n", {},
+        'tests_read_ok = ["/app/data/*.csv"]\n'),
+    "the same input, not listed": (
+        "truth_in_reach", QC_DATA, "import csv\ndef test_kept():\n    n = sum(r['status'] != 'void' for r in "
+        "csv.DictReader(open('/app/data/records.csv')))\n    assert open('/app/out/kept.txt').read() == str(n)\n", {}, ""),
+    "unconditional reward": (
+        "noop_passes", QC_DATA, "def test_kept():\n    assert open('/app/out/kept.txt').read() == '2'\n",
+        {"test.sh": "#!/bin/bash\npython3 -m pytest /tests/test_outputs.py -q || true\necho 1 > /logs/verifier/reward.txt\n"}, ""),
+    "solution copied into the image": (
+        "malformed", QC_DATA + "COPY solution/ /app/solution/\n", "def test_kept():\n    pass\n", {}, ""),
+}
+
+
+@pytest.mark.parametrize("kind", list(QC_CLASSES))
+def test_task_quality_classes_validate_with_their_verdicts(docker_env, tmp_path, kind):
+    """Bug: a task whose tests compare against a truth file baked into the image, or run a grader the
+    image ships, validated ok: the agent can rewrite either, so its reward can be forged. validate
+    watches what the oracle's tests read and names each such file (truth_in_reach)."""
+    verdict, docker_lines, test_py, extra, meta = QC_CLASSES[kind]
+    d = tmp_path / "task"
+    for rel, text in {"environment/Dockerfile": "FROM termrl-base:bookworm\n" + docker_lines + "WORKDIR /app\n",
+                      "instruction.md": "Count the rows of /app/data/records.csv whose status is not void; write "
+                                        "the count to /app/out/kept.txt.\n",
+                      "solution/solve.sh": "#!/bin/bash\n" + QC_SOLVE, "tests/test.sh": QC_TEST_SH,
+                      "tests/test_outputs.py": test_py, "task.toml": f'version = "1.0"\n[metadata]\n{meta}'
+                      '[verifier]\ntimeout_sec = 60.0\n',
+                      **{f"tests/{k}": v for k, v in extra.items()}}.items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+    row = tasktool.validate_task(docker_env, d, k=1)
+    assert row["status"] == verdict, row
+    if verdict == "truth_in_reach":
+        assert re.search(r"/opt/answer_truth\.txt|/app/verify\.py|/app/data/records\.csv", row["error"]), row
