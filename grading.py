@@ -351,7 +351,7 @@ def stop_agent(term) -> tuple[list[str], bool]:
         time.sleep(0.005)
     evidence = [f"a process the agent left running refers to {m.group()}: {text[:200]!r}"
                 for text in stopped.values() if (m := _VERIFIER_PATHS.search(text))]
-    return evidence, bool(served or image)
+    return evidence, bool(served or image - {term.host_pid, sleeper})
 
 
 def _image_processes(term, procs: dict) -> set:
