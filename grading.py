@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import docker
 
-from container import (KILL_INSIDE, LABEL, Capped, ReadWatch, HostDown, InfraError, cgroup_dirs, changes, describe, docker_exec,
-                       first_child, names_container, owner_labels, proc_stat, register, remove, services, zombie)
+from container import (KILL_INSIDE, LABEL, Capped, HostDown, InfraError, ReadWatch, cgroup_dirs, changes, describe,
+                       docker_exec, first_child, names_container, owner_labels, proc_stat, register, remove, services,
+                       zombie)
 from task_folders import Task
 from terminal import OUTPUT_CAP
 
@@ -210,9 +211,9 @@ _NOT_SHARED = {"NetworkMode", "PortBindings", "PublishAllPorts", "Links", "Dns",
 
 def verify(term, exports: dict | None = None, stale: list | None = None, box=None) -> tuple[Grade, bool]:
     """Clean /tests and /logs/verifier, remove the `stale` bytecode, copy the tests in, run them, in
-    term's container or in the GradingBox beside it: (grade, the harness failed). A Docker error or a runner it could not fetch is a harness failure
-    (infra_error says which), for blame to judge after an episode and for Env.harness_runs on a
-    fresh container."""
+    term's container or in the GradingBox beside it: (grade, the harness failed). A Docker error or a
+    runner it could not fetch is a harness failure (infra_error says which), for blame to judge after
+    an episode and for Env.harness_runs on a fresh container."""
     t = term.task
     env = {**(exports or {}), **verifier_env(t)}
     try:
