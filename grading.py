@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 
 import docker
 
-from container import (KILL_INSIDE, LABEL, Capped, HostDown, InfraError, ReadWatch, cgroup_dirs, changes, describe,
-                       docker_exec, first_child, names_container, owner_labels, proc_stat, register, remove, services,
-                       zombie)
+from container import KILL_INSIDE, LABEL, Capped, HostDown, InfraError, changes, owner_labels, register, remove
+from inspection import ReadWatch, cgroup_dirs, describe, first_child, names_container, proc_stat, services, zombie
 from task_folders import Task
-from terminal import OUTPUT_CAP
+from terminal import OUTPUT_CAP, Terminal
 
 REWARD_MAX = 64 << 10  # a reward file is a number or a small JSON object
 
@@ -137,13 +136,10 @@ def _grade(term) -> Grade:
         if running:
             box = GradingBox(term)
     try:
-        g, harness_failed = verify(term, exports, stale_bytecode(diff), box)
+        g, harness_failed = verify(term, exports, diff, box)
     finally:
         if box:
             box.close()
-    changed = {p for p, _ in diff}
-    g.image_reads = [p for p in g.image_reads if p not in changed and
-                     any(os.path.lexists(lower + p) for lower in term.layers[1])]
     if harness_failed:
         return blame(term, g.infra_error, g)
     return g
@@ -191,12 +187,7 @@ class GradingBox:
         self.local = term.local and names_container(pid, self.id)
         self.host_pid, self._cgroup = pid, cgroup_dirs(pid, self.id) if self.local else {}
 
-    def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):
-        """As Terminal.exec: a deadline kept from outside the container."""
-        code, out = docker_exec(self.client, self.id, ["bash", "-c", cmd], timeout, env=env,
-                                workdir=workdir or self.task.workdir, cgroup=self._cgroup,
-                                host_pid=self.host_pid if self.local else None, kill_inside=not self.local)
-        return code, out.decode("utf-8", "replace")
+    exec = Terminal.exec  # a deadline kept from outside the container, on the attributes set above
 
     def close(self):
         remove(self.client, self.id)
@@ -209,13 +200,14 @@ _NOT_SHARED = {"NetworkMode", "PortBindings", "PublishAllPorts", "Links", "Dns",
                "ExtraHosts"}
 
 
-def verify(term, exports: dict | None = None, stale: list | None = None, box=None) -> tuple[Grade, bool]:
-    """Clean /tests and /logs/verifier, remove the `stale` bytecode, copy the tests in, run them, in
-    term's container or in the GradingBox beside it: (grade, the harness failed). A Docker error or a
+def verify(term, exports: dict | None = None, diff: list | None = None, box=None) -> tuple[Grade, bool]:
+    """Clean /tests and /logs/verifier, remove the bytecode the episode left (diff: its changes), copy the
+    tests in, run them, in term's container or in the GradingBox beside it: (grade, the harness failed). A Docker error or a
     runner it could not fetch is a harness failure (infra_error says which), for blame to judge after
     an episode and for Env.harness_runs on a fresh container."""
     t = term.task
-    env = {**(exports or {}), **verifier_env(t)}
+    env, diff = {**(exports or {}), **verifier_env(t)}, diff or []
+    stale = stale_bytecode(diff)
     try:
         box = box or term
         _join_grading_network(term)
@@ -223,7 +215,7 @@ def verify(term, exports: dict | None = None, stale: list | None = None, box=Non
         # rm and mkdir are in the checked toolchain (_HARNESS_PROGRAMS); the tests go in and the
         # reward comes out through the Docker API, so no other program of the container moves them.
         box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30, workdir="/")
-        for i in range(0, len(stale or ()), 500):  # argv stays far below the kernel's 2 MiB
+        for i in range(0, len(stale), 500):  # argv stays far below the kernel's 2 MiB
             box.exec("rm -f -- " + " ".join(shlex.quote(p) for p in stale[i:i + 500]), 30, workdir="/")
         if not box.client.api.put_archive(box.id, "/tests", _tar(t.tests)):
             raise InfraError("could not copy the tests into the container")
@@ -234,7 +226,9 @@ def verify(term, exports: dict | None = None, stale: list | None = None, box=Non
     except Exception as e:
         return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}"), True
     g, harness_failed = _score(term, code, out, rc, text)
-    g.image_reads = sorted(getattr(watch, "opened", ()))
+    changed = {p for p, _ in diff}  # what the tests read of the image and the episode left as the image had it
+    g.image_reads = sorted(p for p in getattr(watch, "opened", ()) if p not in changed and
+                           any(os.path.lexists(lower + p) for lower in term.layers[1]))
     offline = _NO_NETWORK.search(out)
     if offline and not g.tests and not (g.reward or 0) > 0:  # no test ran: the runner could not be fetched
         net = term.grading_network

@@ -13,10 +13,11 @@ import signal
 import time
 from dataclasses import dataclass
 
-from container import (FILES_LIMIT, FLOOD_LIMIT, Capped, HostDown, InfraError, cgroup_dirs, cgroup_pids,
-                       cgroup_read, chars_read, container_procs, disk_use, docker_exec, fd_targets, first_child,
-                       forget, names_container, next_frame, pid_limit_hits, reading_pipe, readlink, remove,
-                       repair_dev_null, stopped_by_docker)
+from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, docker_exec, forget, next_frame, remove,
+                       stopped_by_docker)
+from inspection import (FILES_LIMIT, cgroup_dirs, cgroup_pids, cgroup_read, chars_read, container_procs, disk_use,
+                        fd_targets, first_child, names_container, pid_limit_hits, reading_pipe, readlink,
+                        repair_dev_null)
 from hosts import Host
 from task_folders import Task
 
@@ -341,7 +342,7 @@ class Terminal:
         """End the terminal (dead) when what it holds on the host's disk is over disk_cap_mb: its
         writable layer (unless a storage quota caps it: disk_quota), its volumes, and files deleted
         while still open on either (test_hostile.test_disk_cap_*); each file is charged at least
-        container.FILE_BLOCK, and more than container.FILES_LIMIT files end it, quota or not
+        inspection.FILE_BLOCK, and more than inspection.FILES_LIMIT files end it, quota or not
         (test_hostile.test_file_count_is_capped_like_bytes)."""
         upper = self.layers[0]
         if upper and self.local and os.path.isdir(upper):

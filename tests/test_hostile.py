@@ -10,7 +10,7 @@ import sys
 import time
 
 
-import container
+import inspection
 import env as E
 import grading
 import task_folders as T
@@ -20,7 +20,7 @@ from conftest import ROOT
 
 def _procs(term) -> dict:
     cgroup = getattr(term, "_cgroup", None)  # a consistent snapshot where the cgroup is readable
-    procs = container.container_procs(term.host_pid, cgroup) if cgroup else container.container_procs(term.host_pid)
+    procs = inspection.container_procs(term.host_pid, cgroup) if cgroup else inspection.container_procs(term.host_pid)
     assert procs is not None, "tests run next to a local Docker daemon"
     return procs
 
@@ -281,7 +281,7 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
 def test_file_count_is_capped_like_bytes(docker_env, easy_tasks):
     """Bug: 100k empty files used no bytes, so the disk cap never saw them, yet each grade walked them
     all (seconds each). Every file is charged at least one block against the disk cap, and the count
-    has a ceiling of its own (container.FILES_LIMIT), so an inode flood ends the episode too."""
+    has a ceiling of its own (inspection.FILES_LIMIT), so an inode flood ends the episode too."""
     cap_mb = 100
     n = 30_000  # 117 MiB at 4 KiB a file
     with docker_env.reset(_task(easy_tasks, 9, disk_mb=cap_mb)) as term:

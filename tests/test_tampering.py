@@ -14,6 +14,7 @@ import docker
 import pytest
 
 import container
+import inspection
 import grading
 import task_folders as T
 
@@ -196,10 +197,10 @@ def test_kill_from_inside_leaves_only_init_and_its_sleep(docker_env, fixture_tas
     with docker_env.reset(fixture_tasks["tb1"]) as term:
         term.run(TRICKS["daemon rewrites the tests and the reward"])
         term.run("sleep 1000 & disown")
-        assert len(container.container_procs(term.host_pid)) > 4
+        assert len(inspection.container_procs(term.host_pid)) > 4
         term.exec(container.KILL_INSIDE, 30, workdir="/")
         for _ in range(100):
-            left = [h for h in container.container_procs(term.host_pid) if not container.zombie(h)]
+            left = [h for h in inspection.container_procs(term.host_pid) if not inspection.zombie(h)]
             if len(left) == 2:
                 break
             time.sleep(0.05)
