@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import docker
 
 from container import KILL_INSIDE, LABEL, Capped, HostDown, InfraError, changes, owner_labels, register, remove
-from inspection import ReadWatch, cgroup_dirs, describe, first_child, names_container, proc_stat, services, zombie
+from inspection import (ReadWatch, cgroup_dirs, describe, exists_in_root, first_child, names_container, proc_stat,
+                        read_in_root, services, write_new_dir, zombie)
 from task_folders import Task
 from terminal import OUTPUT_CAP, Terminal
 
@@ -201,10 +202,10 @@ _NOT_SHARED = {"NetworkMode", "PortBindings", "PublishAllPorts", "Links", "Dns",
 
 
 def verify(term, exports: dict | None = None, diff: list | None = None, box=None) -> tuple[Grade, bool]:
-    """Clean /tests and /logs/verifier, remove the bytecode the episode left (diff: its changes), copy the
-    tests in, run them, in term's container or in the GradingBox beside it: (grade, the harness failed). A Docker error or a
-    runner it could not fetch is a harness failure (infra_error says which), for blame to judge after
-    an episode and for Env.harness_runs on a fresh container."""
+    """Clean /tests and /logs/verifier, remove the bytecode the episode left (diff: its changes), copy
+    the tests in, run them, in term's container or in the GradingBox beside it: (grade, the harness
+    failed). A Docker error or a runner it could not fetch is a harness failure (infra_error says
+    which), for blame to judge after an episode and for Env.harness_runs on a fresh container."""
     t = term.task
     env, diff = {**(exports or {}), **verifier_env(t)}, diff or []
     stale = stale_bytecode(diff)
@@ -212,13 +213,15 @@ def verify(term, exports: dict | None = None, diff: list | None = None, box=None
         box = box or term
         _join_grading_network(term)
         # Start from a clean /tests: nothing the agent left there or in the verifier's output counts.
-        # rm and mkdir are in the checked toolchain (_HARNESS_PROGRAMS); the tests go in and the
-        # reward comes out through the Docker API, so no other program of the container moves them.
-        box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30, workdir="/")
-        for i in range(0, len(stale), 500):  # argv stays far below the kernel's 2 MiB
-            box.exec("rm -f -- " + " ".join(shlex.quote(p) for p in stale[i:i + 500]), 30, workdir="/")
-        if not box.client.api.put_archive(box.id, "/tests", _tar(t.tests)):
-            raise InfraError("could not copy the tests into the container")
+        # On this machine, when neither exists, the host makes them and writes the tests (no program of
+        # the container runs); else rm and mkdir, in the checked toolchain (_HARNESS_PROGRAMS), clean
+        # and the tests go in through the Docker API. The reward comes out the same two ways.
+        if not (box.local and not stale and _put_tests_from_host(box, t.tests)):
+            box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30, workdir="/")
+            for i in range(0, len(stale), 500):  # argv stays far below the kernel's 2 MiB
+                box.exec("rm -f -- " + " ".join(shlex.quote(p) for p in stale[i:i + 500]), 30, workdir="/")
+            if not box.client.api.put_archive(box.id, "/tests", _tar(t.tests)):
+                raise InfraError("could not copy the tests into the container")
         watch = ReadWatch(box.host_pid) if term.trace_reads and box.local else contextlib.nullcontext()
         with watch:
             code, out = box.exec(t.test_command, t.test_timeout_s, env=env)
@@ -265,10 +268,26 @@ def _score(term, code: int, out: str, rc: int | None, text: str) -> tuple[Grade,
     return Grade(reward, reward >= 1.0, tests, output, None, rewards=rewards), False
 
 
+def _put_tests_from_host(box, tests: dict) -> bool:
+    """/tests with the tests, an empty /logs/verifier and /logs/agent, written from the host into the
+    root of a container on this machine (inspection.write_new_dir); False when /tests or /logs/verifier
+    exists already (what is left of them the clean step removes) or the host cannot write there."""
+    root = f"/proc/{box.host_pid}/root"
+    return (write_new_dir(root, "/tests", tests) and write_new_dir(root, "/logs/verifier", {}) and
+            write_new_dir(root, "/logs/agent", {}, exist_ok=True))
+
+
 def _read_reward(box) -> tuple[int, str]:
-    """(0, "path\\ncontent") of the first reward file the runner left, read through the Docker API
-    once it exited; (3, "") when there is none. reward.json wins over reward.txt, as in Harbor."""
+    """(0, "path\\ncontent") of the first reward file the runner left, read once it exited from the
+    host (a regular file of the container's root: inspection.read_in_root) or through the Docker API;
+    (3, "") when there is none. reward.json wins over reward.txt, as in Harbor."""
     for path in ("/logs/verifier/reward.json", "/logs/verifier/reward.txt"):
+        if box.local:
+            root = f"/proc/{box.host_pid}/root"
+            if (body := read_in_root(root, path, REWARD_MAX)) is not None:
+                return 0, f"{path}\n{body.decode('utf-8', 'replace')}"
+            if not exists_in_root(root, path):
+                continue
         try:
             stream, stat = box.client.api.get_archive(box.id, path)
         except docker.errors.APIError:  # no such file, or a path through a file (/logs replaced by one)

@@ -95,6 +95,15 @@ def open_in_root(root: str, path: str) -> int:
             os.close(fd)
 
 
+def exists_in_root(root: str, path: str) -> bool:
+    """Whether path resolves inside the container's root (open_in_root)."""
+    try:
+        os.close(open_in_root(root, path))
+        return True
+    except OSError:
+        return False
+
+
 def read_in_root(root: str, path: str, cap: int) -> bytes | None:
     """The first cap bytes of a regular file of the container's own root filesystem (path resolved by
     open_in_root), or None: nothing on another filesystem is read, so no device, no /proc (/proc/kmsg
@@ -114,6 +123,64 @@ def read_in_root(root: str, path: str, cap: int) -> bytes | None:
         finally:
             os.close(fd)
     return None
+
+
+def write_new_dir(root: str, path: str, files: dict, exist_ok: bool = False) -> bool:
+    """Make the directory `path` of the container's root (and its missing parents) and write `files`
+    (relative path -> bytes; a ".sh" executable) below it, owned as the root is, from the host: no
+    program of the container runs, and every step goes by dir fd, the parents resolved by open_in_root
+    and nothing made here followed through a link. False when path exists and not exist_ok, or on any
+    OSError: the caller then takes its other way (grading.verify: rm, mkdir and put_archive)."""
+    parts = [p for p in path.split("/") if p]
+    fds = []
+    try:
+        owner = os.stat(root)
+        for i, part in enumerate(parts):
+            base = fds[-1] if fds else None
+            if i == len(parts) - 1 and not exist_ok:
+                fds.append(_new_dir(base, root, part, owner))  # FileExistsError: the caller cleans first
+            else:
+                with contextlib.suppress(FileExistsError):
+                    os.close(_new_dir(base, root, part, owner))
+                fds.append(open_in_root(root, "/".join(parts[:i + 1])))
+        for rel, data in sorted(files.items()):
+            names = rel.split("/")
+            if any(n in ("", ".", "..") for n in names):
+                raise ValueError(f"not a relative path: {rel!r}")
+            d = fds[-1]
+            for n in names[:-1]:
+                with contextlib.suppress(FileExistsError):
+                    os.close(_new_dir(d, root, n, owner))
+                fds.append(d := os.open(n, _DIR_FLAGS, dir_fd=d))
+            fd = os.open(names[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+            try:
+                os.fchown(fd, owner.st_uid, owner.st_gid)
+                os.fchmod(fd, 0o755 if rel.endswith(".sh") else 0o644)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _new_dir(parent: int | None, root: str, name: str, owner) -> int:
+    """A directory made in parent (the root when None), mode 0755 and owned by owner: its open fd."""
+    base = parent if parent is not None else os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.mkdir(name, 0o700, dir_fd=base)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=base)
+    finally:
+        if parent is None:
+            os.close(base)
+    os.fchown(fd, owner.st_uid, owner.st_gid)
+    os.fchmod(fd, 0o755)
+    return fd
 
 
 def readlink(path: str) -> str | None:

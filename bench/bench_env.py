@@ -35,6 +35,19 @@ def median_ms(fn, n):
     return statistics.median(times), sorted(times)[int(0.9 * (n - 1))]
 
 
+def grade_ms(env, task, setup: str, n: int) -> tuple[float, float]:
+    """Median and p90 ms of grading.grade on n fresh episodes, each after the shell ran `setup`."""
+    times = []
+    for _ in range(n):
+        with env.reset(task) as term:
+            if setup:
+                term.run(setup)
+            t0 = time.perf_counter()
+            grading.grade(term)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), sorted(times)[int(0.9 * (n - 1))]
+
+
 def host_rates(urls: list, tasks: list, episodes: int, threads: int) -> list:
     """Rows for one host list: cold starts (`episodes` resets at once on `threads` threads, held, then
     closed) and sustained reset → close cycles with a warm pool of 2 per host."""
@@ -156,10 +169,15 @@ def main():
         def cold():
             env.reset(task).close()
         rows.append(("reset: cold (create + start + attach + setup)", *median_ms(cold, args.resets)))
-        # grading: the tests go in by put_archive, the reward comes out by get_archive
-        term = env.reset(task)
-        rows.append(("grade: tests uploaded by put_archive", *median_ms(lambda: grading.grade(term), args.resets)))
-        term.close()
+        # grading a fresh episode (its reset not timed): the host writes the tests into the container
+        rows.append(("grade: an episode's end, no process left", *grade_ms(env, task, "", args.resets)))
+        # a server the agent left listening stays up: the tests run in a commit of the container beside it
+        serve = ("nohup python3 -m http.server 8000 >/dev/null 2>&1 & "
+                 "for _ in $(seq 100); do grep -q ' 0A ' /proc/net/tcp* && break; sleep 0.1; done")
+        rows.append(("grade: a service left running (grading container)", *grade_ms(env, task, serve, args.resets)))
+        # the agent made /tests: rm and mkdir in the container, the tests in by put_archive
+        rows.append(("grade: /tests left by the agent (rm, put_archive)",
+                     *grade_ms(env, task, "mkdir /tests", args.resets)))
     with E.Env(warm=2) as env:
         env.warmup([task])
         warm_times = []

@@ -367,6 +367,23 @@ def test_host_side_inspection_never_reads_a_host_file(docker_env, fixture_tasks,
         assert g.reward == 0.0 and g.infra_error is None and g.tampered, g  # it named reward.txt
 
 
+def test_the_host_writes_the_tests_only_inside_the_container(docker_env, fixture_tasks, tmp_path):
+    """The host makes /tests and /logs/verifier in the container's root and reads the reward there
+    (inspection.write_new_dir, read_in_root): a link the agent put on the way, naming a host
+    directory, resolves inside the container, so the host directory stays empty and the honest
+    episode keeps its reward; a /tests the agent made is cleaned in the container instead."""
+    host_dir = tmp_path / "host-logs"
+    host_dir.mkdir()
+    for layout in ("tb1", "tb2"):
+        for cmd in (f"mkdir -p {host_dir} && rm -rf /logs && ln -s {host_dir} /logs",
+                    f"ln -s {host_dir} /tests", "mkdir -p /tests /logs/verifier && echo 1 > /logs/verifier/reward.txt"):
+            g, _ = play(docker_env, fixture_tasks[layout], f"echo ok > /app/out.txt && {cmd}")
+            assert (g.reward, g.infra_error, g.tampered) == (1.0, None, None), (cmd, g.output)
+            assert list(host_dir.iterdir()) == []
+        g, _ = play(docker_env, fixture_tasks[layout], "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt")
+        assert g.reward == 0.0, g.output  # what the agent left in /logs/verifier is gone before the tests run
+
+
 def test_host_side_inspection_reads_no_device(docker_env, fixture_tasks):
     """Bug: a process whose arguments name /proc/kmsg: the host-side description read the host's
     kernel log, which blocks, and grading hung for minutes."""
