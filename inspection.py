@@ -429,18 +429,31 @@ def disk_use(upper: str, volumes: list, host_pid: int, procs: dict, quota: bool)
 def overlay_changes(upper: str, lowers: list[str]) -> list[tuple[str, str]]:
     """What docker diff reports, from the overlay dirs: whiteouts are deletions, a file also in a
     lower layer (the image's, which the agent cannot change) was changed, else added; an opaque
-    directory (removed, then made again) changed."""
-    out = []
+    directory (removed, then made again) changed. A path is looked up only in the layers where each
+    directory above it is a real directory (lstat: no link of a layer is followed on the host,
+    tests/test_tampering.py::test_the_overlay_scan_follows_no_link_of_the_images_layers), which also
+    spares the lookups under a directory no layer has."""
+    out, below = [], {"": tuple(lowers)}  # directory -> the lower layers that hold it as a directory
     for p, mode, _, rdev, fd in walk(upper):
+        layers = below.get(p.rsplit("/", 1)[0], ())
         if fd is not None:
+            below[p] = tuple(lo for lo in layers if stat.S_ISDIR(_lstat_mode(lo + p)))
             with contextlib.suppress(OSError):
                 if os.getxattr(fd, "trusted.overlay.opaque") == b"y":
                     out.append((p, "C"))
         elif stat.S_ISCHR(mode) and rdev == 0:
             out.append((p, "D"))
         elif not stat.S_ISDIR(mode):
-            out.append((p, "C" if any(os.path.lexists(lo + p) for lo in lowers) else "A"))
+            out.append((p, "C" if any(_lstat_mode(lo + p) for lo in layers) else "A"))
     return out
+
+
+def _lstat_mode(path: str) -> int:
+    """st_mode of path, not following a link at its end; 0 when there is nothing there."""
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def first_child(init_pid: int, procs: dict) -> int | None:

@@ -384,6 +384,24 @@ def test_the_host_writes_the_tests_only_inside_the_container(docker_env, fixture
         assert g.reward == 0.0, g.output  # what the agent left in /logs/verifier is gone before the tests run
 
 
+def test_the_overlay_scan_follows_no_link_of_the_images_layers(tmp_path):
+    """Whether a file the agent wrote was in the image is looked up in the image's layers on the host
+    without following any of their links: an image whose /data is a link to a host directory, and a
+    /data the agent made a directory over it, tells nothing of that host directory (its canary file
+    is "added", as overlayfs shows it, not "changed"); a real directory of a layer is looked in."""
+    host, lower, upper = tmp_path / "host", tmp_path / "lower", tmp_path / "upper"
+    (host / "canary").parent.mkdir()
+    (host / "canary").write_text("host\n")
+    for d in (lower / "etc", upper / "data", upper / "etc", upper / "new"):
+        d.mkdir(parents=True)
+    (lower / "data").symlink_to(host)
+    (lower / "etc" / "x").write_text("image\n")
+    for f in ("data/canary", "data/other", "etc/x", "etc/y", "new/z"):
+        (upper / f).write_text("agent\n")
+    got = dict(inspection.overlay_changes(str(upper), [str(lower)]))
+    assert got == {"/data/canary": "A", "/data/other": "A", "/etc/x": "C", "/etc/y": "A", "/new/z": "A"}, got
+
+
 def test_host_side_inspection_reads_no_device(docker_env, fixture_tasks):
     """Bug: a process whose arguments name /proc/kmsg: the host-side description read the host's
     kernel log, which blocks, and grading hung for minutes."""
