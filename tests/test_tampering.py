@@ -390,7 +390,7 @@ def test_the_overlay_scan_follows_no_link_of_the_images_layers(tmp_path):
     /data the agent made a directory over it, tells nothing of that host directory (its canary file
     is "added", as overlayfs shows it, not "changed"); a real directory of a layer is looked in."""
     host, lower, upper = tmp_path / "host", tmp_path / "lower", tmp_path / "upper"
-    (host / "canary").parent.mkdir()
+    host.mkdir()
     (host / "canary").write_text("host\n")
     for d in (lower / "etc", upper / "data", upper / "etc", upper / "new"):
         d.mkdir(parents=True)
