@@ -10,10 +10,13 @@ terminal.py and grading.py call these; for a remote daemon none applies (its pid
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
+import socket
 import stat
 import struct
+import threading
 from pathlib import Path
 
 
@@ -467,7 +470,23 @@ def first_child(init_pid: int, procs: dict) -> int | None:
     return min(kids)[1] if kids else None
 
 
+CLONE_NEWNET = 0x40000000
 NET_READ = 4 << 20  # bytes of each /proc/<pid>/net table read: a container may open sockets without end
+
+
+def _net_table(init_pid: int, table: str) -> list:
+    """The rows of /proc/<init>/net/<table> (the container's network namespace), split; [] when unreadable."""
+    try:
+        fd = os.open(f"/proc/{init_pid}/net/{table}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        data = b""
+        while len(data) < NET_READ and (chunk := os.read(fd, 1 << 16)):
+            data += chunk
+    finally:
+        os.close(fd)
+    return [line.split() for line in data.decode("ascii", "replace").splitlines()[1:]]
 
 
 def _listening_inodes(init_pid: int) -> set:
@@ -475,18 +494,7 @@ def _listening_inodes(init_pid: int) -> set:
     LISTEN (st 0A), UDP bound to a port (st 07), unix sockets accepting connections (__SO_ACCEPTCON)."""
     found = set()
     for table in ("tcp", "tcp6", "udp", "udp6", "unix"):
-        try:
-            fd = os.open(f"/proc/{init_pid}/net/{table}", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            data = b""
-            while len(data) < NET_READ and (chunk := os.read(fd, 1 << 16)):
-                data += chunk
-        finally:
-            os.close(fd)
-        for line in data.decode("ascii", "replace").splitlines()[1:]:
-            f = line.split()
+        for f in _net_table(init_pid, table):
             with contextlib.suppress(IndexError, ValueError):
                 if table == "unix" and int(f[3], 16) & 0x10000:
                     found.add(f[6])
@@ -494,6 +502,40 @@ def _listening_inodes(init_pid: int) -> set:
                         (table.startswith("udp") and f[3] == "07" and not f[1].endswith(":0000")):
                     found.add(f[9])
     return found
+
+
+def loopback_socket(init_pid: int, port: int) -> str | None:
+    """The fd link ('socket:[N]') of the container's TCP socket bound to 127.0.0.1:port, or None."""
+    local = f"0100007F:{port:04X}"
+    return next((f"socket:[{f[9]}]" for f in _net_table(init_pid, "tcp") if len(f) > 9 and f[1] == local), None)
+
+
+def listen_inside(init_pid: int) -> socket.socket | None:
+    """A TCP listener on 127.0.0.1 inside the network namespace of the container whose init is
+    init_pid: a thread of ours joins that namespace, makes the socket and ends (the socket stays
+    there). None where this process may not join it (it needs CAP_SYS_ADMIN)."""
+    made = []
+
+    def make():
+        try:
+            ns = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            if ctypes.CDLL(None, use_errno=True).setns(ns, CLONE_NEWNET) != 0:
+                return
+        finally:
+            os.close(ns)
+        with contextlib.suppress(OSError):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            s.bind(("127.0.0.1", 0))
+            s.listen(4)
+            made.append(s)
+
+    t = threading.Thread(target=make, name="termrl-listen", daemon=True)  # setns moves only its own thread
+    t.start()
+    t.join()
+    return made[0] if made else None
 
 
 def services(init_pid: int, hpids) -> set:
@@ -529,7 +571,6 @@ class ReadWatch:
         self.root, self.dirs, self.opened = f"/proc/{host_pid}/root", {}, set()
 
     def __enter__(self):
-        import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         todo = ["/"]

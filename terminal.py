@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shlex
 import signal
+import socket
 import time
 from dataclasses import dataclass
 
 from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, docker_exec, forget, next_frame, remove,
                        stopped_by_docker)
 from inspection import (FILES_LIMIT, cgroup_dirs, cgroup_pids, cgroup_read, chars_read, container_procs, disk_use,
-                        fd_targets, first_child, names_container, pid_limit_hits, reading_pipe, readlink,
-                        repair_dev_null)
+                        fd_targets, first_child, listen_inside, loopback_socket, names_container, pid_limit_hits,
+                        reading_pipe, readlink, repair_dev_null)
 from hosts import Host
 from task_folders import Task
 
@@ -189,13 +191,26 @@ class Terminal:
     def _start_session(self):
         if self.local:
             repair_dev_null(self.host_pid)
-        ex = self.client.api.exec_create(self.id, ["bash", "--noprofile", "--norc"], stdin=True, stdout=True,
-                                         stderr=True, tty=False, environment=SESSION_ENV)
+        # On a local daemon the shell reads its commands from a TCP connection on the container's
+        # loopback (its listener made from the host, closed once the shell connected): a socket,
+        # unlike the exec's input pipe, cannot be reopened through /proc/<pid>/fd/0, so no other
+        # process reads the next command line (test_hostile.test_no_process_reads_the_shells_next_command).
+        listener = listen_inside(self.host_pid) if self.local else None
+        argv = ["bash", "--noprofile", "--norc"]
+        if listener:
+            argv += ["-c", f"{{ exec 3<>/dev/tcp/127.0.0.1/{listener.getsockname()[1]}; }} 2>&- && "
+                           f"exec bash --noprofile --norc 0<&3 3<&-; \\builtin printf '\\036P\\n'; "
+                           "exec bash --noprofile --norc"]
+        ex = self.client.api.exec_create(self.id, argv, stdin=True, stdout=True, stderr=True, tty=False,
+                                         environment=SESSION_ENV)
         self._exec_id = ex["Id"]
         self._sock = self.client.api.exec_start(self._exec_id, socket=True)._sock
         self._stream = _Stream(self._sock, self._idle)
         self._shell = self._in_pipe = None  # host pid and input pipe of the shell, once it answered
         self._socks.append(self._sock)
+        self._input = self._sock
+        if listener:
+            self._input = self._connection(listener) or self._sock
         nonce = os.urandom(8).hex()
         self._send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
         found, pid = self._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30, Capped(4096))
@@ -215,7 +230,35 @@ class Terminal:
     def _send(self, text: str):
         data = text.encode()
         self._sent = (chars_read(self._shell) if self._shell else -1, len(data))
-        self._sock.sendall(data)
+        self._input.sendall(data)
+
+    def _connection(self, listener):
+        """The shell's connection to listener, or None when it reads the exec's pipe instead (no
+        `/dev/tcp` in its bash: it printed the P marker). A connection from any other process of the
+        container is closed: the shell's is the one its own process holds."""
+        deadline, pid = time.monotonic() + 30, None
+        try:
+            listener.setblocking(False)
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([listener, self._sock], [], [], deadline - time.monotonic())
+                if self._sock in ready:
+                    self._stream.read_until(f"{MARK}P".encode(), deadline, Capped(4096))
+                    return None
+                if listener not in ready:
+                    continue
+                with contextlib.suppress(BlockingIOError):
+                    conn, (_, port) = listener.accept()
+                    while not pid and time.monotonic() < deadline:  # Docker records it a moment after the start
+                        pid = self.client.api.exec_inspect(self._exec_id).get("Pid") or time.sleep(0.005)
+                    if pid and loopback_socket(self.host_pid, port) in fd_targets(pid):
+                        conn.setblocking(True)
+                        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                        self._socks.append(conn)
+                        return conn
+                    conn.close()
+            return None
+        finally:
+            listener.close()
 
     def _idle(self) -> bool:
         """Whether the shell has read all it was sent and waits for more (seen from outside the

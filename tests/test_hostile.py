@@ -185,6 +185,31 @@ def test_background_output_stays_out_of_later_commands(docker_env, easy_tasks):
     _gone(docker_env, term)
 
 
+def test_no_process_reads_the_shells_next_command(docker_env, easy_tasks):
+    """Bug: a background `cat /proc/$$/fd/0` read the shell's next command line from its input pipe;
+    that command never ran (it timed out and the shell was restarted). The shell now reads its
+    commands from a connection of its own, which /proc cannot reopen; `/dev/stdout` and
+    `/dev/stderr` still work in commands (their output stays a pipe)."""
+    with docker_env.reset(easy_tasks[3]) as term:
+        # it opens the shell's input once the command has ended and the shell waits for the next
+        steal = "(sleep 0.3; cat /proc/$$/fd/0 > /tmp/stolen 2>/tmp/why; echo $? >> /tmp/why) & echo armed"
+        assert term.run(steal).output == "armed\n"
+        time.sleep(1)
+        for word in ("one", "two"):
+            r = term.run(f"echo {word}", timeout=5)
+            assert (r.output, r.timed_out, r.shell_restarted) == (f"{word}\n", False, False), r
+        why = term.run("cat /tmp/stolen /tmp/why").output
+        assert "echo" not in why and "No such device or address" in why, why
+        # after a restart the new shell's input is its own connection too
+        assert term.run("exit 3").exit_code is None
+        assert term.run(steal).output == "armed\n"
+        time.sleep(1)
+        assert term.run("echo three", timeout=5).output == "three\n"
+        r = term.run("echo x > /dev/stdout; echo y > /dev/stderr; echo z | tee /dev/stderr > /dev/null")
+        assert r.output == "x\ny\nz\n", r
+    _gone(docker_env, term)
+
+
 def test_fork_bomb_and_cpu_burners_are_contained(docker_env, easy_tasks):
     """Bug: a fork bomb returned rc 0 at once and kept the pid limit exhausted, so later commands
     could not fork. Containment: the pid limit; a command that ends at the limit ends the bomb."""
