@@ -206,7 +206,7 @@ class Terminal:
         self._exec_id = ex["Id"]
         self._sock = self.client.api.exec_start(self._exec_id, socket=True)._sock
         self._stream = _Stream(self._sock, self._idle)
-        self._shell = self._in_pipe = None  # host pid and input pipe of the shell, once it answered
+        self._shell = self._in_pipe = None  # host pid and input (pipe or socket) of the shell, once it answered
         self._socks.append(self._sock)
         self._input = self._sock
         if listener:
@@ -251,7 +251,7 @@ class Terminal:
                     while not pid and time.monotonic() < deadline:  # Docker records it a moment after the start
                         pid = self.client.api.exec_inspect(self._exec_id).get("Pid") or time.sleep(0.005)
                     if pid and loopback_socket(self.host_pid, port) in fd_targets(pid):
-                        conn.setblocking(True)
+                        conn.settimeout(self._sock.gettimeout())  # sends wait as on the exec's socket
                         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         self._socks.append(conn)
                         return conn
