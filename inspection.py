@@ -526,11 +526,13 @@ def listen_inside(init_pid: int) -> socket.socket | None:
                 return
         finally:
             os.close(ns)
-        with contextlib.suppress(OSError):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
             s.bind(("127.0.0.1", 0))
             s.listen(4)
             made.append(s)
+        except OSError:  # no loopback in that namespace
+            s.close()
 
     t = threading.Thread(target=make, name="termrl-listen", daemon=True)  # setns moves only its own thread
     t.start()
