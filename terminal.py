@@ -189,8 +189,28 @@ class Terminal:
 
     # -- session plumbing ----------------------------------------------------------------------
     def _start_session(self):
+        """A fresh bash session, started again once when its shell ended before it answered (a start
+        cut short leaves the container as it was: tests/test_hostile.py::test_a_session_start_cut_short_is_tried_again)."""
         if self.local:
             repair_dev_null(self.host_pid)
+        why = self._try_session()
+        if why == "eof":
+            why = self._try_session()
+        if why:
+            raise InfraError(f"container {self.id[:12]}: the bash session did not start ({why})")
+        if not hasattr(self, "_floor"):
+            self._floor = self._session_pid - 1  # pids up to here are init and its `sleep`
+        procs = self.procs() or {}
+        shell = next((h for h, n in procs.items() if n == self._session_pid), None)
+        self._out_pipe = readlink(f"/proc/{shell}/fd/1") if shell else None
+        self._shell, self._in_pipe = shell, readlink(f"/proc/{shell}/fd/0") if shell else None
+        self._sent = (0, 0)  # (bytes the shell had read, bytes of command line sent since)
+        # host pids known not to write to the terminal: init, its sleep, the shell
+        self._quiet = {h for h, n in procs.items() if n <= self._floor or n == self._session_pid}
+
+    def _try_session(self) -> str | None:
+        """Start bash in an exec and wait for its answer; None once it answered, else why not: "eof"
+        when the exec ended first, "timeout" when it did not answer within 30 s."""
         # On a local daemon the shell reads its commands from a TCP connection on the container's
         # loopback (its listener made from the host, closed once the shell connected): a socket,
         # unlike the exec's input pipe, cannot be reopened through /proc/<pid>/fd/0, so no other
@@ -212,20 +232,13 @@ class Terminal:
         if listener:
             self._input = self._connection(listener) or self._sock
         nonce = os.urandom(8).hex()
-        self._send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
+        with contextlib.suppress(OSError):  # an exec that already ended: its stream says so
+            self._send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
         found, pid = self._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30, Capped(4096))
         if not found:
-            raise InfraError(f"container {self.id[:12]}: the bash session did not start")
+            return pid
         self._session_pid = int(pid)
-        if not hasattr(self, "_floor"):
-            self._floor = self._session_pid - 1  # pids up to here are init and its `sleep`
-        procs = self.procs() or {}
-        shell = next((h for h, n in procs.items() if n == self._session_pid), None)
-        self._out_pipe = readlink(f"/proc/{shell}/fd/1") if shell else None
-        self._shell, self._in_pipe = shell, readlink(f"/proc/{shell}/fd/0") if shell else None
-        self._sent = (0, 0)  # (bytes the shell had read, bytes of command line sent since)
-        # host pids known not to write to the terminal: init, its sleep, the shell
-        self._quiet = {h for h, n in procs.items() if n <= self._floor or n == self._session_pid}
+        return None
 
     def _send(self, text: str):
         data = text.encode()
@@ -250,7 +263,7 @@ class Terminal:
                     conn, (_, port) = listener.accept()
                     while not pid and time.monotonic() < deadline:  # Docker records it a moment after the start
                         pid = self.client.api.exec_inspect(self._exec_id).get("Pid") or time.sleep(0.005)
-                    if pid and loopback_socket(self.host_pid, port) in fd_targets(pid):
+                    if pid and _holds(self.host_pid, pid, port):
                         conn.settimeout(self._sock.gettimeout())  # sends wait as on the exec's socket
                         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         self._socks.append(conn)
@@ -467,6 +480,19 @@ class Terminal:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _holds(init_pid: int, pid: int, port: int, wait_s: float = 1.0) -> bool:
+    """Whether host process pid holds the container's end of the loopback connection from `port`,
+    asked again for up to wait_s: a connection refused here ends the start it belonged to."""
+    end = time.monotonic() + wait_s
+    while True:
+        sock = loopback_socket(init_pid, port)
+        if sock and sock in fd_targets(pid):
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.01)
 
 
 def _answered(status: str, answer: int) -> bool:

@@ -210,6 +210,24 @@ def test_no_process_reads_the_shells_next_command(docker_env, easy_tasks):
     _gone(docker_env, term)
 
 
+def test_a_session_start_cut_short_is_tried_again(docker_env, easy_tasks):
+    """Bug: a shell that ended before it answered the harness (its start cut short) made the start
+    fail: the episode ended as an infrastructure error, or a restart declared the terminal dead. A
+    `bash` first on PATH that exits the first time it runs stands for such a start: the session
+    starts on the second try, and a bash that never starts still ends the terminal."""
+    with docker_env.reset(easy_tasks[4]) as term:
+        once = ("printf '#!/bin/sh\\n[ -e /tmp/once ] || { : > /tmp/once; exit 1; }\\nexec /bin/bash \"$@\"\\n' "
+                "> /usr/local/bin/bash && chmod +x /usr/local/bin/bash && echo planted")
+        assert term.run(once).output == "planted\n"
+        r = term.run("exit 3")
+        assert r.exit_code is None and r.shell_restarted and "a new shell was started" in r.output, r
+        assert term.dead is None
+        assert term.run("echo ok; ls /tmp/once").output == "ok\n/tmp/once\n"
+        assert term.run("printf '#!/bin/sh\\nexit 1\\n' > /usr/local/bin/bash; exit 3").exit_code is None
+        assert term.dead and "no new shell can start" in term.dead
+    _gone(docker_env, term)
+
+
 def test_fork_bomb_and_cpu_burners_are_contained(docker_env, easy_tasks):
     """Bug: a fork bomb returned rc 0 at once and kept the pid limit exhausted, so later commands
     could not fork. Containment: the pid limit; a command that ends at the limit ends the bomb."""
