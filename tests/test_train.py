@@ -653,8 +653,8 @@ def _same_checkpoint(a: Path, b: Path, skip_rng=()):
 
 
 # what a sampled trajectory is, without its wall-clock timings and the test runner's own output
-_TRAJ_KEYS = ("task_name", "group_id", "policy_version", "prefill_k", "messages", "reward", "finish_reason",
-              "num_turns", "num_tokens", "num_model_tokens")
+_TRAJ_KEYS = ("task_name", "group_id", "policy_version", "prefill_k", "messages", "reward", "valid", "error",
+              "finish_reason", "num_turns", "num_tokens", "num_model_tokens")
 
 
 def _rows(log: Path) -> list[str]:
@@ -747,8 +747,8 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
     """A real run (SFT + 3 RL steps, vLLM CPU + Docker; all weights, or a LoRA adapter), SIGKILLed
     after its first RL checkpoint and resumed, ends where an unbroken run with the same config
     ends, bit for bit: weights (or adapter), AdamW moments, scheduler, RNG states, and the
-    trajectories every step after the resume point samples (so the restarted engine serves the
-    checkpoint's weights or adapter, with the same seeds). With algo.negative_reward=-1 every RL
+    trajectories every step samples (after the resume point: so the restarted engine serves the
+    checkpoint's weights or adapter, with the same seeds); before it the two runs agree too. With algo.negative_reward=-1 every RL
     step moves the weights. Catches a resume that restores the weights but not the optimizer
     (moments restart at 0), the scheduler, the RNG states (vLLM's start reseeds them), the data
     position, or the engine's weights / adapter, any of which the old check (the tasks each step
@@ -797,15 +797,20 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
                    capture_output=True)
     assert unbroken.wait(900) == 0, (tmp_path / "whole.log").read_text()[-3000:]
 
-    for step in range(resumed_from + 1, 4):
+    # every step, the kill's run before it too: a step's rollouts, then the state it trained to, so a
+    # difference is named where it began (an episode one run lost shows as its row, not as weights)
+    for step in range(4):
+        if step:
+            a = _trajectories(whole, step - 1)  # sampled by the policy of step - 1 (after the resume: the resumed run's)
+            b = _trajectories(out, step - 1)[-len(a):]
+            assert a and sorted(a) == sorted(b), \
+                f"step {step}'s rollouts differ (resumed from {resumed_from}): {[r[:600] for r in sorted(set(a) ^ set(b))[:2]]}"
         # torch's global generator is left out: the engine in this process owns it during a step (the
         # transformers engine reseeds it per request, in finish order; vLLM CPU draws from it by its
         # own history), so it differs between two runs although python's and numpy's agree; training
         # draws nothing from it here (no dropout, per-episode sampling seeds), as the equal weights show
         _same_checkpoint(whole / "checkpoints" / f"step_{step:06d}", out / "checkpoints" / f"step_{step:06d}",
                          skip_rng=("torch",))
-        a = _trajectories(whole, step - 1)  # sampled by the policy of step - 1, after the resume
-        assert a and sorted(a) == sorted(_trajectories(out, step - 1)[-len(a):]), f"step {step}'s rollouts differ"
     from safetensors.torch import load_file
     weights = [load_file(next((out / "checkpoints" / f"step_{s:06d}" / "model").glob("*.safetensors"))) for s in range(4)]
     for s, (a, b) in enumerate(zip(weights, weights[1:])):
