@@ -748,8 +748,8 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
     after its first RL checkpoint and resumed, ends where an unbroken run with the same config
     ends, bit for bit: weights (or adapter), AdamW moments, scheduler, RNG states, and the
     trajectories every step samples (after the resume point: so the restarted engine serves the
-    checkpoint's weights or adapter, with the same seeds); before it the two runs agree too. With algo.negative_reward=-1 every RL
-    step moves the weights. Catches a resume that restores the weights but not the optimizer
+    checkpoint's weights or adapter, with the same seeds); before it the two runs agree too. With
+    algo.negative_reward=-1 every RL step moves the weights. Catches a resume that restores the weights but not the optimizer
     (moments restart at 0), the scheduler, the RNG states (vLLM's start reseeds them), the data
     position, or the engine's weights / adapter, any of which the old check (the tasks each step
     trained on, a pure function of the step) let through."""
