@@ -749,10 +749,10 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
     ends, bit for bit: weights (or adapter), AdamW moments, scheduler, RNG states, and the
     trajectories every step samples (after the resume point: so the restarted engine serves the
     checkpoint's weights or adapter, with the same seeds); before it the two runs agree too. With
-    algo.negative_reward=-1 every RL step moves the weights. Catches a resume that restores the weights but not the optimizer
-    (moments restart at 0), the scheduler, the RNG states (vLLM's start reseeds them), the data
-    position, or the engine's weights / adapter, any of which the old check (the tasks each step
-    trained on, a pure function of the step) let through."""
+    algo.negative_reward=-1 every RL step moves the weights. Catches a resume that restores the
+    weights but not the optimizer (moments restart at 0), the scheduler, the RNG states (vLLM's
+    start reseeds them), the data position, or the engine's weights / adapter, any of which the old
+    check (the tasks each step trained on, a pure function of the step) let through."""
     import shutil
     model = tmp_path / "tiny"
     shutil.copytree(tiny_model_dir, model)
@@ -801,10 +801,10 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
     # difference is named where it began (an episode one run lost shows as its row, not as weights)
     for step in range(4):
         if step:
-            a = _trajectories(whole, step - 1)  # sampled by the policy of step - 1 (after the resume: the resumed run's)
+            a = _trajectories(whole, step - 1)  # sampled by the policy of step - 1
             b = _trajectories(out, step - 1)[-len(a):]
-            assert a and sorted(a) == sorted(b), \
-                f"step {step}'s rollouts differ (resumed from {resumed_from}): {[r[:600] for r in sorted(set(a) ^ set(b))[:2]]}"
+            differ = [r[:600] for r in sorted(set(a) ^ set(b))[:2]]
+            assert a and sorted(a) == sorted(b), f"step {step}'s rollouts differ (resumed from {resumed_from}): {differ}"
         # torch's global generator is left out: the engine in this process owns it during a step (the
         # transformers engine reseeds it per request, in finish order; vLLM CPU draws from it by its
         # own history), so it differs between two runs although python's and numpy's agree; training
