@@ -379,6 +379,10 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                               f"{cfg.data.generated_family} family (data.generated_family); choose from {kinds}")
     if cfg.sft.stop_at_val_prob and cfg.sft.val_tasks < 1:
         raise ConfigError("sft.stop_at_val_prob needs validation trajectories: set sft.val_tasks >= 1")
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", cfg.run_name):  # it names a folder under runs/
+        raise ConfigError(f"config key 'run_name' is {cfg.run_name!r}; a run name is letters, digits, "
+                          "'.', '_', '-', not starting with '.' (it names runs/<run_name>; set out_dir "
+                          "for another place)")
     if not cfg.out_dir:
         cfg.out_dir = f"runs/{cfg.run_name}"
     return cfg

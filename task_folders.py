@@ -194,6 +194,41 @@ def _dockerfile_workdir(dockerfile: Path, folder: Path, default: str = "/app") -
     return found[-1] if found and found[-1].startswith("/") and "$" not in found[-1] else default
 
 
+# Docker's image reference grammar (github.com/distribution/reference, regexp.go):
+#   reference := name [":" tag] ["@" digest];  name := [domain "/"] path-component ["/" path-component]*
+#   domain := host [":" port];  host := domain-component ["." domain-component]* | "[" IPv6 "]"
+#   path-component := [a-z0-9]+ (separator [a-z0-9]+)*;  separator := [_.] | "__" | [-]+
+#   tag := [\w][\w.-]{0,127};  digest := algorithm ":" [0-9a-fA-F]{32,}
+# A name off it reached the Docker API as a path (`../../../etc/passwd`).
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = re.compile(rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
+                             r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*"
+                             r":[0-9a-fA-F]{32,})?")
+
+
+def _image_ref(value, where: str) -> str:
+    """value when it is a Docker image reference (IMAGE_REFERENCE; the name at most 255 characters)."""
+    name = value.split("@")[0] if isinstance(value, str) else ""
+    head, colon, tail = name.rpartition(":")
+    name = head if colon and "/" not in tail else name  # the tag off; a registry's :port stays
+    if not (isinstance(value, str) and IMAGE_REFERENCE.fullmatch(value) and len(name) <= 255):
+        raise TaskError(f"{where}: {value!r} is not a Docker image reference "
+                        "([registry-host[:port]/]name[:tag][@digest]: the name lower-case letters, digits "
+                        "and single . _ __ or - between them, in /-separated parts; "
+                        "e.g. python:3.13-slim-bookworm)")
+    return value
+
+
+def _workdir(value, where: str) -> str:
+    """value when it is an absolute path with no `..` component: the agent's starting directory."""
+    if not (isinstance(value, str) and value.startswith("/") and ".." not in value.split("/")):
+        raise TaskError(f"{where}: {value!r} is not a working directory; it must be an absolute path with no "
+                        "'..' component (e.g. /app)")
+    return value
+
+
 def _number(value, where: str, cast=float):
     try:
         return cast(value)
@@ -340,6 +375,8 @@ def _load_tb2(d: Path) -> Task:
     if not (isinstance(variables, dict) and all(isinstance(v, (str, int, float, bool)) for v in variables.values())):
         raise TaskError(f"{f}: [environment.env] must be a table of NAME = \"value\"")
     image = env.get("docker_image")  # a prebuilt image instead of environment/Dockerfile
+    if image is not None:
+        image = _image_ref(image, f"{f} [environment] docker_image")
     dockerfile = None if image else _need(d / "environment" / "Dockerfile", "the task image's Dockerfile")
     if (d / "environment").exists():
         safe_files(d / "environment", d)  # the build context
@@ -351,7 +388,8 @@ def _load_tb2(d: Path) -> Task:
     return Task(
         name=d.name, instruction=instruction, layout="tb2", path=d, image=image, dockerfile=dockerfile,
         build_context=d / "environment", tests=tests, test_command="bash /tests/test.sh", solution=solution,
-        workdir=env.get("workdir") or (_dockerfile_workdir(dockerfile, d) if dockerfile else "/app"),
+        workdir=(_workdir(env["workdir"], f"{f} [environment] workdir") if "workdir" in env
+                 else _dockerfile_workdir(dockerfile, d) if dockerfile else "/app"),
         agent_timeout_s=_number(sections["agent"].get("timeout_sec", 600), f"{f} [agent] timeout_sec"),
         test_timeout_s=_number(sections["verifier"].get("timeout_sec", 600), f"{f} [verifier] timeout_sec"),
         build_timeout_s=_number(env.get("build_timeout_sec", 600), f"{f} [environment] build_timeout_sec"),

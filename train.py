@@ -56,6 +56,7 @@ from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, r
 import rundir
 from rundir import RunLog, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
 from generated_tasks import load_task_sets
+from task_folders import TaskError
 from evaluate import task_mean_ci
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # episode threads share the tokenizer; its pool would warn at every fork
@@ -698,6 +699,8 @@ def main(argv=None):
             raise SystemExit(dry_run(cfg, a.nproc_per_node, a.nnodes, a.gpu_gb, a.host_gb))
         try:
             run(cfg, resume=a.resume, restart=a.restart)
+        except TaskError as e:  # nothing loadable: one line, as --dry-run (tests/test_task_folders.py)
+            raise SystemExit(f"tasks: {e}") from None
         except hosts.HostsDown as e:  # every sandbox host silent: the last checkpoint is where --resume starts
             raise SystemExit(f"stopped: {e}; then resume with --resume")
         except OSError as e:  # a log or adapter write; a checkpoint's says so itself (rundir.save_checkpoint)

@@ -205,3 +205,14 @@ def test_every_numeric_key_with_a_meaningful_range_declares_it():
                                 "algo.seq_clip_high", "algo.seq_clip_low", "data.eval_seed", "data.generated_seed", "seed"]
     config.load_config(ROOT / "configs" / "tiny.yaml", ["train.steps=0", "eval.num_tasks=0", "checkpoint.every=1",
                                                          "rollout.top_k=-1", "rollout.prefill_prob=1", "train.grad_clip=0"])
+
+
+@pytest.mark.parametrize("name", ["../../..", "a/b", ".hidden", "", "runs/../x", "a b", "é"])
+def test_run_name_must_be_a_plain_name(name):
+    """Bug: run_name could be `../../..`, so runs/<run_name> (and every file a run writes) landed
+    outside runs/. Refused with the rule; a plain name loads."""
+    rule = r"config key 'run_name' is .*letters, digits, '\.', '_', '-', not starting with '\.'"
+    with pytest.raises(config.ConfigError, match=rule):
+        config.load_config(ROOT / "configs" / "tiny.yaml", [f"run_name={name}"])
+    assert config.load_config(ROOT / "configs" / "tiny.yaml", ["run_name=tiny-4steps_v1.2"]).out_dir == \
+        "runs/tiny-4steps_v1.2"

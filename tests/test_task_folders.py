@@ -227,3 +227,57 @@ def test_a_folder_of_tasks_is_not_searched_past_a_symlink_out_of_it(tmp_path, ca
     (tmp_path / "tasks" / "again").symlink_to("nested")
     assert [t.name for t in T.load_tasks(tmp_path / "tasks")] == ["tb2-partial", "tb2-partial"]
     assert f"skipping {tmp_path / 'tasks' / 'out'}: a symlink to {elsewhere.parent}, outside" in capsys.readouterr().err
+
+
+# --- every name is checked where it is read --------------------------------------------------------
+
+@pytest.mark.parametrize("image", ["../../../etc/passwd", "/etc/passwd", "Ubuntu:22.04", "ubuntu:", "a//b",
+                                   "ubuntu@sha256:abc", "-ubuntu", "ubuntu:-x", "a" * 256, "ubuntu latest"])
+def test_a_docker_image_off_dockers_reference_grammar_is_refused(tmp_path, image):
+    """Bug: a TB2 task whose docker_image was `../../../etc/passwd` loaded and the name reached the
+    Docker API as a path. Refused at load, naming the key, the folder and the grammar."""
+    d = shutil.copytree(FIXTURES / "tb2-partial", tmp_path / "img")
+    (d / "task.toml").write_text((d / "task.toml").read_text() + f"docker_image = {json.dumps(image)}\n")
+    with pytest.raises(T.TaskError) as e:
+        T.load_task(d)
+    assert str(e.value).startswith(f"{d / 'task.toml'} [environment] docker_image: {image!r} is not a Docker "
+                                   "image reference"), e.value
+    assert "[registry-host[:port]/]name[:tag][@digest]" in str(e.value)
+
+
+@pytest.mark.parametrize("image", ["ubuntu", "ubuntu:22.04", "library/ubuntu:22.04",
+                                   "ghcr.io/laude-institute/t-bench/python-3-13:20250620", "localhost:5000/a/b_c__d-e.f:v1.2-rc_3",
+                                   "[::1]:5000/img", "192.168.1.2:443/x/y",
+                                   "alpine@sha256:" + "a" * 64, "alpine:3.20@sha256:" + "0f" * 32])
+def test_a_docker_image_on_the_grammar_loads(tmp_path, image):
+    d = shutil.copytree(FIXTURES / "tb2-partial", tmp_path / "img")
+    (d / "task.toml").write_text((d / "task.toml").read_text() + f"docker_image = {json.dumps(image)}\n")
+    assert T.load_task(d).image == image
+
+
+@pytest.mark.parametrize("workdir", ["../../etc", "app", "/app/../../etc", "/app/..", ""])
+def test_a_workdir_that_is_not_absolute_or_climbs_is_refused(tmp_path, workdir):
+    """Bug: a TB2 workdir of `../../etc` loaded and every episode then failed as infra at container
+    create. Refused at load with the rule."""
+    d = shutil.copytree(FIXTURES / "tb2-partial", tmp_path / "wd")
+    (d / "task.toml").write_text((d / "task.toml").read_text() + f"workdir = {json.dumps(workdir)}\n")
+    with pytest.raises(T.TaskError, match=rf"^{re.escape(str(d / 'task.toml'))} \[environment\] workdir: "
+                                          rf"{re.escape(repr(workdir))} .*absolute path with no '\.\.'"):
+        T.load_task(d)
+    (d / "task.toml").write_text((d / "task.toml").read_text().replace(f"workdir = {json.dumps(workdir)}",
+                                                                       'workdir = "/srv/app"'))
+    assert T.load_task(d).workdir == "/srv/app"
+
+
+def test_a_train_run_whose_only_task_is_malformed_stops_in_one_line(tmp_path):
+    """Bug: a train run whose only task folder was malformed (not UTF-8) ended in a traceback, where
+    its --dry-run named the problem. The run stops with one line naming the file and the reason."""
+    d = shutil.copytree(FIXTURES / "tb1-hello", tmp_path / "tasks" / "latin1")
+    (d / "task.yaml").write_bytes("instruction: Schreib »grüß dich« nach /app/g.txt\n".encode("latin-1"))
+    r = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml",
+                        "--set", f"data.train_tasks={d.parent}", "--set", f"data.eval_tasks={d.parent}",
+                        "--set", f"out_dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert last.startswith("tasks: ") and f"{d / 'task.yaml'}: not UTF-8 text" in last, r.stderr[-3000:]
