@@ -19,6 +19,7 @@ from typing import Iterable
 
 import torch
 
+import distributed
 from chat import tool_call_text
 from task_folders import oracle_commands
 
@@ -385,3 +386,19 @@ class ScriptedEngine(RequestQueue):
     def update_weights(self, named_params): pass  # noqa: E704
     def load_lora(self, adapter_dir, version): pass  # noqa: E704
     def reset_prefix_cache(self): pass  # noqa: E704
+
+
+def make_engine(cfg, model_path, device: str):
+    """The engine a config asks for (engine.kind), in the trainer's dtype so the engine-trainer sync
+    gap measures the sync and not a rounding; training and evaluation both build it here so their
+    numbers agree."""
+    import learner  # costly (transformers): only an engine built from a config needs the trainer's dtype
+    if cfg.engine.kind == "hf":
+        return HFEngine(model_path, dtype=learner.compute_dtype(cfg, device), device=device)
+    dtype = str(learner.compute_dtype(cfg, device)).removeprefix("torch.")
+    return VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
+                      enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
+                      gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
+                      enforce_eager=cfg.engine.enforce_eager, verbose=cfg.verbose,
+                      cpu_kvcache_gb=cfg.engine.cpu_kvcache_gb,
+                      **distributed.engine_launch_kwargs(), **cfg.engine.extra)

@@ -8,6 +8,7 @@ grading.py's; `python tasktool.py validate|shell` is the command line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import os
@@ -563,3 +564,16 @@ class Env:
 
 class _Retry(Exception):
     """The daemon refused a storage quota: start again without one."""
+
+
+def make_env(cfg) -> Env:
+    """The Env of a run config's env section; a bad setting or an unreachable daemon ends the
+    program with what to fix (training and evaluation both start here)."""
+    try:
+        return Env(**dataclasses.asdict(cfg.env))
+    except ValueError as e:  # a setting of the config's env section
+        raise SystemExit(f"config: {e}") from None
+    except Exception as e:  # docker SDK errors differ by cause; the fix is the same
+        raise SystemExit(f"Docker is not reachable ({type(e).__name__}: {e}). Start the daemon (dockerd "
+                         f"or `systemctl start docker`) and make sure this user may use "
+                         f"/var/run/docker.sock.")

@@ -674,12 +674,12 @@ def build_policy(cfg, rcfg, model_spec, kind: str = "model"):
         return Policy(ScriptedEngine(tok, mode, commands=cmds), tok,
                               template_kwargs=tkw, tools=rcfg.tools), {**info, "engine": "scripted"}
     import learner  # costly (torch, transformers): only a model policy needs them
-    import train  # its engine recipe (dtype, KV cache, LoRA) so train-time and eval numbers agree
+    from engines import make_engine  # the engine training builds, so train-time and eval numbers agree
     device = learner.pick_device(cfg)
     if adapter is not None:  # the engine must accept this adapter whatever the config says
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, lora=True, lora_rank=_lora_rank(adapter, cfg.model.lora_rank)))
-    policy = Policy(train.make_engine(cfg, base, device), tok, version=version,
+    policy = Policy(make_engine(cfg, base, device), tok, version=version,
                             template_kwargs=tkw, tools=rcfg.tools)
     if adapter is not None:
         policy.load_lora(adapter, version)
@@ -697,7 +697,8 @@ def sampling_settings(rcfg, model: dict, tasks_spec) -> dict:
 
 def cmd_run(args):
     import config
-    import train  # its task sets; imported here so train.py may import this module
+    from env import make_env
+    from generated_tasks import load_task_sets
     from task_folders import load_tasks
 
     cfg = config.load_config(args.config, args.set)
@@ -705,12 +706,12 @@ def cmd_run(args):
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, hosts=args.docker_host))
     rcfg = config.rollout_cfg(cfg)
     # no --tasks: the config's held-out set, exactly as train.py's periodic eval draws it
-    tasks = load_tasks(args.tasks, strict=cfg.data.strict_tasks) if args.tasks else train.load_task_sets(cfg)[1]
+    tasks = load_tasks(args.tasks, strict=cfg.data.strict_tasks) if args.tasks else load_task_sets(cfg)[1]
     policy, model = build_policy(cfg, rcfg, args.model, args.policy)
     settings = sampling_settings(rcfg, model, args.tasks or f"{cfg.data.eval_tasks} "
                                  f"(config data.eval_tasks)")
     try:
-        with train.make_env(cfg) as e:
+        with make_env(cfg) as e:
             summary = evaluate_policy(tasks, policy, e, rcfg, args.k, args.out, settings)
     finally:
         policy.close()

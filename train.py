@@ -43,8 +43,9 @@ import algo
 import difficulty
 from difficulty import step_tasks  # noqa: F401 -- the data order, as tests call it (train.step_tasks)
 import distributed
-from engines import HFEngine, VLLMEngine
+from engines import make_engine
 import env
+from env import make_env
 import hosts
 import learner
 import memory_plan
@@ -76,18 +77,6 @@ def rank_share(items: list, rank: int, world: int) -> tuple[list, int]:
 
 # -----------------------------------------------------------------------------------------------
 # engine, weight sync, sync check, Docker
-
-
-def make_engine(cfg: Config, model_path, device: str):
-    if cfg.engine.kind == "hf":
-        return HFEngine(model_path, dtype=learner.compute_dtype(cfg, device), device=device)
-    dtype = str(learner.compute_dtype(cfg, device)).removeprefix("torch.")  # the trainer's, so the sync gap means something
-    return VLLMEngine(model_path, dtype=dtype, max_model_len=cfg.engine.max_model_len,
-                              enable_lora=cfg.model.lora, max_lora_rank=cfg.model.lora_rank,
-                              gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.seed,
-                              enforce_eager=cfg.engine.enforce_eager, verbose=cfg.verbose,
-                              cpu_kvcache_gb=cfg.engine.cpu_kvcache_gb,
-                              **distributed.engine_launch_kwargs(), **cfg.engine.extra)
 
 
 def engine_topk_rule(kind: str) -> str:
@@ -136,16 +125,6 @@ def sync_gap(model, policy, batch, cfg: Config, n: int = 2) -> dict:
         return {}
     seqs, lps, masks = learner.sequence_logprobs(model, batch, n)
     return sync_check(policy, seqs, lps, masks) if seqs else {}
-
-
-def make_env(cfg: Config):
-    try:
-        return env.Env(**dataclasses.asdict(cfg.env))
-    except ValueError as e:  # a setting of the config's env section
-        raise SystemExit(f"config: {e}") from None
-    except Exception as e:  # docker SDK errors differ by cause; the fix is the same
-        raise SystemExit(f"Docker is not reachable ({type(e).__name__}: {e}). Start the daemon (dockerd or "
-                         f"`systemctl start docker`) and make sure this user may use /var/run/docker.sock.")
 
 
 # -----------------------------------------------------------------------------------------------
