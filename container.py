@@ -241,6 +241,16 @@ def docker_exec(client, cid: str, argv: list, timeout: float, env=None, workdir=
     return info["ExitCode"], out.text().encode()
 
 
+def bash_exec(client, cid: str, cmd: str, timeout: float, workdir: str, env: dict | None, cgroup: dict,
+              host_pid: int | None) -> tuple[int, str]:
+    """`bash -c cmd` in a fresh process of the container (not the agent's shell): (exit code, output
+    as text), the deadline kept from the host as docker_exec keeps it. host_pid is the container's
+    init on this machine, None for a daemon on another machine (its processes killed from inside)."""
+    code, out = docker_exec(client, cid, ["bash", "-c", cmd], timeout, env=env, workdir=workdir, cgroup=cgroup,
+                            host_pid=host_pid, kill_inside=host_pid is None)
+    return code, out.decode("utf-8", "replace")
+
+
 def _kill_exec(api, exec_id: str, cgroup: dict):
     """SIGKILL an exec's process and all its descendants (host pids; a no-op for a remote daemon)."""
     with contextlib.suppress(Exception):

@@ -361,18 +361,24 @@ class Env:
         """name=running[/capacity] per host, `!` after a drained one; "" with the one default host."""
         return self._hosts.postfix() if len(self._hosts.hosts) > 1 or self._hosts.hosts[0].spec.url else ""
 
-    def _live_host(self) -> Host:
+    def live_host(self) -> Host:
+        """The first live host (waits while none is; HostsDown when none is left)."""
         with self._lock:
             return self._hosts.live()
 
     # -- images -------------------------------------------------------------------------------
     def image(self, task: Task) -> str:
         """The image tag for task (_Images.image) on a live host."""
-        return self._images.image(task, self._live_host())
+        return self._images.image(task, self.live_host())
 
     # -- containers ----------------------------------------------------------------------------
+    def network(self, task: Task) -> str:
+        """The network task's container starts on: env.agent_network when the task allows the
+        internet, else "none"."""
+        return self.agent_network if task.allow_internet else "none"
+
     def _key(self, task: Task) -> tuple:
-        net = self.agent_network if task.allow_internet else "none"
+        net = self.network(task)
         return (self.image(task), task.memory_mb, task.cpus, task.pids, net, task.workdir,
                 tuple(sorted(task.env.items())), task.disk_mb, tuple(sorted(task.host_labels)))
 
@@ -403,7 +409,7 @@ class Env:
     def _start(self, key: tuple, host: Host) -> Terminal:
         """A new container for key on host, where room was reserved (released if this fails). HostDown
         when the host stopped answering."""
-        image, _, _, _, _, workdir, variables, disk_mb, _ = key
+        image, _, _, _, net, workdir, variables, disk_mb, _ = key
         client, t0 = host.ops, time.monotonic()
         with host.starts_gate:
             try:
@@ -433,7 +439,7 @@ class Env:
                     client, cid, key, self.output_cap, host, host_answers=partial(self.check_host, host, fresh=True),
                     drain_host=partial(self.drain, host), on_close=partial(self._hosts.release, host),
                     harness_runs=self.harness_runs, grading_network=self.grading_network,
-                    multi_reward=self.multi_reward, disk_cap_mb=disk_mb, disk_quota=host.disk_quota)
+                    multi_reward=self.multi_reward, disk_cap_mb=disk_mb, disk_quota=host.disk_quota, network=net)
                 self._terms.add(term)
                 with self._lock:
                     host.starts, host.start_s = host.starts + 1, host.start_s + time.monotonic() - t0

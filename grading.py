@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 
 import docker
 
-from container import KILL_INSIDE, LABEL, Capped, HostDown, InfraError, changes, owner_labels, register, remove
+from container import (KILL_INSIDE, LABEL, Capped, HostDown, InfraError, bash_exec, changes, owner_labels, register,
+                       remove)
 from inspection import (ReadWatch, cgroup_dirs, describe, exists_in_root, first_child, names_container, proc_stat,
                         read_in_root, services, write_new_dir, zombie)
 from task_folders import Task
-from terminal import OUTPUT_CAP, Terminal
+from terminal import OUTPUT_CAP
 
 REWARD_MAX = 64 << 10  # a reward file is a number or a small JSON object
 
@@ -186,9 +187,13 @@ class GradingBox:
         api.start(self.id)
         pid = api.inspect_container(self.id)["State"]["Pid"]
         self.local = term.local and names_container(pid, self.id)
-        self.host_pid, self._cgroup = pid, cgroup_dirs(pid, self.id) if self.local else {}
+        self.host_pid, self.cgroup = pid, cgroup_dirs(pid, self.id) if self.local else {}
 
-    exec = Terminal.exec  # a deadline kept from outside the container, on the attributes set above
+    def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):
+        """Run a command in a fresh process of the box: (exit code, output), its deadline kept from
+        outside as Terminal.exec keeps it (test_hostile.test_exec_and_grade_*)."""
+        return bash_exec(self.client, self.id, cmd, timeout, workdir or (self.task.workdir if self.task else "/"),
+                         env, self.cgroup, self.host_pid if self.local else None)
 
     def close(self):
         remove(self.client, self.id)
@@ -309,7 +314,7 @@ def _join_grading_network(term):
     """Give the container the grading network, once the agent's processes are gone, when the
     task's tests fetch their runner and the container has no network yet."""
     net = term.grading_network
-    if not term.task.tests_need_network or net == "none" or term.key[4] != "none" or term.networked:
+    if not term.task.tests_need_network or net == "none" or term.network != "none" or term.networked:
         return
     term.client.api.disconnect_container_from_network(term.id, "none")
     term.client.api.connect_container_to_network(term.id, net)
@@ -336,8 +341,8 @@ def stop_agent(term) -> tuple[list[str], bool]:
     daemon on another machine the agent's services are stopped too (tests/test_tampering.py)."""
     procs = term.procs()
     if procs is None:  # a daemon on another machine: kill from inside, with the container's tools
-        term.exec(KILL_INSIDE, 30, workdir="/", env={"TERMRL_FLOOR": str(term._floor),
-                                                     "TERMRL_SHELL": str(term._session_pid)})
+        term.exec(KILL_INSIDE, 30, workdir="/", env={"TERMRL_FLOOR": str(term.floor),
+                                                     "TERMRL_SHELL": str(term.shell_pid)})
         return [], False
     sleeper = first_child(term.host_pid, procs)
     if sleeper is None:  # the container is stopping: nothing to grade in
@@ -374,9 +379,9 @@ def _image_processes(term, procs: dict) -> set:
     def born(h):
         with contextlib.suppress(OSError, IndexError, ValueError):
             return int(proc_stat(h)[19])
-    shell = next((h for h, n in procs.items() if n == term._session_pid), None)
+    shell = next((h for h, n in procs.items() if n == term.shell_pid), None)
     limit = born(shell) if shell else None
-    return set() if limit is None else {h for h, n in procs.items() if n <= term._floor and (born(h) or 1 << 62) <= limit}
+    return set() if limit is None else {h for h, n in procs.items() if n <= term.floor and (born(h) or 1 << 62) <= limit}
 
 
 @dataclass

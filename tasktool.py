@@ -139,8 +139,8 @@ def _shell_main(args) -> int:
     task = load_task(args.task)
     with Env(**_env_kwargs(args)) as env:
         image = env.image(task)  # on the first live host, where the shell then runs
-        net = env._key(task)[4]
-        spec = env._live_host().spec
+        net = env.network(task)
+        spec = env.live_host().spec
     tls = spec.tls and ["--tlsverify", *[f"--tls{k}={spec.tls}/{f}" for k, f in
                                          [("cacert", "ca.pem"), ("cert", "cert.pem"), ("key", "key.pem")]]]
     cmd = ["docker", *(["-H", spec.url] if spec.url else []), *(tls or []), "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,

@@ -15,8 +15,8 @@ import socket
 import time
 from dataclasses import dataclass
 
-from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, docker_exec, forget, next_frame, remove,
-                       stopped_by_docker)
+from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, bash_exec, docker_exec, forget, next_frame,
+                       remove, stopped_by_docker)
 from inspection import (FILES_LIMIT, cgroup_dirs, cgroup_pids, cgroup_read, chars_read, container_procs, disk_use,
                         fd_targets, first_child, listen_inside, loopback_socket, names_container, pid_limit_hits,
                         reading_pipe, readlink, repair_dev_null)
@@ -135,115 +135,91 @@ class _Stream:
             window += data
 
 
-class Terminal:
-    """One container plus one persistent bash session; `run` commands, then grading.grade the episode.
+class Shell:
+    """The agent's bash session in one Terminal's container: started behind the framing prelude,
+    sent command lines and read up to their markers, its command's processes killed, its output
+    moved away from background jobs, a fork bomb ended. The session's state lives here; what the
+    container offers (its processes, its host's health) is asked of the Terminal."""
 
-    Use one terminal from one thread at a time. run() raises InfraError only when the container
-    itself is gone; everything the agent can cause (timeouts, floods, `exit`) comes back as output.
-    When the agent made the container unusable (no bash left to start, disk cap exceeded) `dead`
-    says why: run() answers with that notice, and the episode should end (graded as a failure).
+    def __init__(self, term: Terminal):
+        self.term = term
+        self.socks = []  # every exec socket of this terminal (old output pipes stay open, unread)
+        self.relays = set()  # container pids of the processes whose stdout is the shell's output pipe
+        self.pids_max = cgroup_read(term.cgroup, "pids", "pids.max")
+        self._pids_hits = pid_limit_hits(term.cgroup)
+        self._begin()
+        # pids up to here are init and its `sleep` (and what the image's ENTRYPOINT started)
+        self.floor: int = self.pid - 1
+        self._settle()
 
-    Background jobs keep running between commands (servers, builds), within the container's CPU,
-    memory, pid and disk limits. Their terminal output is not a later command's: when a command
-    ends with jobs still holding the terminal, the shell moves to a fresh output pipe and the old
-    one is no longer read (a job writing more than the pipe holds then blocks, as under Ctrl-S).
-    A command that ends with the container at its pid limit (a fork bomb) ends every background job."""
+    def start(self):
+        """A fresh bash session in place of the last one (whose processes are gone)."""
+        self._begin()
+        self._settle()
 
-    def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP, host: Host | None = None,
-                 *, host_answers=None, drain_host=None, on_close=None, harness_runs=None,
-                 grading_network: str = "none", multi_reward: str = "mean", disk_cap_mb: int = 0,
-                 disk_quota: bool = False):
-        """What the terminal needs of its environment comes as callables: host_answers() whether the
-        host answers a fresh connection (draining it when not), drain_host(why) treat it as down,
-        on_close() once the container is gone (its place on the host is free). harness_runs(task),
-        grading_network and multi_reward are for grading.grade; disk_cap_mb is the disk cap the disk
-        watchdog keeps (check_disk; 0: none), disk_quota whether a storage quota caps the layer itself."""
-        self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
-        self.host, self._epoch = host, host.epoch if host else 0  # a drain after this start loses the container
-        self._host_answers, self._drain_host, self._on_close = host_answers, drain_host, on_close
-        self.harness_runs, self.grading_network, self.multi_reward = harness_runs, grading_network, multi_reward
-        self.task: Task | None = None
-        self.closed = False
-        self.dead: str | None = None
-        self._restarts = 0  # shells started after the first (CommandResult.shell_restarted)
-        self.disk_cap_mb, self.disk_quota = disk_cap_mb, disk_quota
-        info = client.api.inspect_container(container_id)
-        self.host_pid = info["State"]["Pid"]
-        # Host-side work (/proc, cgroups, signals, the overlay dirs) only when State.Pid is this container's
-        # init on THIS machine: a daemon elsewhere reports a pid of its machine, which here is an unrelated
-        # process. Else the Docker API's slower ways (docs/grading-integrity.md; tests/test_hosts.py).
-        self.local = (host is None or host.host_side) and names_container(self.host_pid, container_id)
-        self._cgroup = cgroup_dirs(self.host_pid, container_id) if self.local else {}
-        self._pids_max = cgroup_read(self._cgroup, "pids", "pids.max")
-        self._pids_hits = pid_limit_hits(self._cgroup)
-        self.networked = False  # joined the grading network (grading.grade)
-        self.trace_reads = False  # grading.grade records which of the image's files the tests read (tasktool validate)
-        layers = (info.get("GraphDriver") or {}).get("Data") or {}
-        self.layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
-        # an image's VOLUMEs are directories on the host's disk that no writable-layer quota covers
-        self.volumes = [m["Source"] for m in info.get("Mounts") or [] if m.get("Type") == "volume" and m.get("Source")]
-        self.home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
-        self._socks = []  # every exec socket of this terminal (old output pipes stay open, unread)
-        self._relays = set()  # container pids of the processes whose stdout is the shell's output pipe
-        self._start_session()
-
-    # -- session plumbing ----------------------------------------------------------------------
-    def _start_session(self):
-        """A fresh bash session, started again once when its shell ended before it answered (a start
-        cut short leaves the container as it was: tests/test_hostile.py::test_a_session_start_cut_short_is_tried_again)."""
-        if self.local:
-            repair_dev_null(self.host_pid)
-        why = self._try_session()
+    def _begin(self):
+        """Start bash, once more when its shell ended before it answered (a start cut short leaves
+        the container as it was: tests/test_hostile.py::test_a_session_start_cut_short_is_tried_again)."""
+        term = self.term
+        if term.local:
+            repair_dev_null(term.host_pid)
+        why = self._try()
         if why == "eof":
-            why = self._try_session()
+            why = self._try()
         if why:
-            raise InfraError(f"container {self.id[:12]}: the bash session did not start ({why})")
-        if not hasattr(self, "_floor"):
-            self._floor = self._session_pid - 1  # pids up to here are init and its `sleep`
-        procs = self.procs() or {}
-        shell = next((h for h, n in procs.items() if n == self._session_pid), None)
+            raise InfraError(f"container {term.id[:12]}: the bash session did not start ({why})")
+
+    def _settle(self):
+        """Note the new shell's host pid, its input and output, and the processes known quiet."""
+        procs = self.term.procs() or {}
+        shell = next((h for h, n in procs.items() if n == self.pid), None)
         self._out_pipe = readlink(f"/proc/{shell}/fd/1") if shell else None
         self._shell, self._in_pipe = shell, readlink(f"/proc/{shell}/fd/0") if shell else None
         self._sent = (0, 0)  # (bytes the shell had read, bytes of command line sent since)
         # host pids known not to write to the terminal: init, its sleep, the shell
-        self._quiet = {h for h, n in procs.items() if n <= self._floor or n == self._session_pid}
+        self._quiet = {h for h, n in procs.items() if n <= self.floor or n == self.pid}
 
-    def _try_session(self) -> str | None:
+    def _try(self) -> str | None:
         """Start bash in an exec and wait for its answer; None once it answered, else why not: "eof"
         when the exec ended first, "timeout" when it did not answer within 30 s."""
+        term = self.term
         # On a local daemon the shell reads its commands from a TCP connection on the container's
         # loopback (its listener made from the host, closed once the shell connected): a socket,
         # unlike the exec's input pipe, cannot be reopened through /proc/<pid>/fd/0, so no other
         # process reads the next command line (test_hostile.test_no_process_reads_the_shells_next_command).
-        listener = listen_inside(self.host_pid) if self.local else None
+        listener = listen_inside(term.host_pid) if term.local else None
         argv = ["bash", "--noprofile", "--norc"]
         if listener:
             argv += ["-c", f"{{ exec 3<>/dev/tcp/127.0.0.1/{listener.getsockname()[1]}; }} 2>&- && "
                            f"exec bash --noprofile --norc 0<&3 3<&-; \\builtin printf '\\036P\\n'; "
                            "exec bash --noprofile --norc"]
-        ex = self.client.api.exec_create(self.id, argv, stdin=True, stdout=True, stderr=True, tty=False,
+        ex = term.client.api.exec_create(term.id, argv, stdin=True, stdout=True, stderr=True, tty=False,
                                          environment=SESSION_ENV)
         self._exec_id = ex["Id"]
-        self._sock = self.client.api.exec_start(self._exec_id, socket=True)._sock
-        self._stream = _Stream(self._sock, self._idle)
+        self._sock = term.client.api.exec_start(self._exec_id, socket=True)._sock
+        self._stream = _Stream(self._sock, self.idle)
         self._shell = self._in_pipe = None  # host pid and input (pipe or socket) of the shell, once it answered
-        self._socks.append(self._sock)
+        self.socks.append(self._sock)
         self._input = self._sock
         if listener:
             self._input = self._connection(listener) or self._sock
         nonce = os.urandom(8).hex()
         with contextlib.suppress(OSError):  # an exec that already ended: its stream says so
-            self._send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
+            self.send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
         found, pid = self._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30, Capped(4096))
         if not found:
             return pid
-        self._session_pid = int(pid)
+        self.pid = int(pid)  # the shell's pid inside the container
         return None
 
-    def _send(self, text: str):
+    def send(self, text: str):
         data = text.encode()
         self._sent = (chars_read(self._shell) if self._shell else -1, len(data))
         self._input.sendall(data)
+
+    def read_until(self, marker: bytes, deadline: float, sink: Capped, flood: int = 0):
+        """The shell's output into sink up to `marker<digits>\\n`: (found, digits | reason) (_Stream)."""
+        return self._stream.read_until(marker, deadline, sink, flood)
 
     def _connection(self, listener):
         """The shell's connection to listener, or None when it reads the exec's pipe instead (no
@@ -262,18 +238,18 @@ class Terminal:
                 with contextlib.suppress(BlockingIOError):
                     conn, (_, port) = listener.accept()
                     while not pid and time.monotonic() < deadline:  # Docker records it a moment after the start
-                        pid = self.client.api.exec_inspect(self._exec_id).get("Pid") or time.sleep(0.005)
-                    if pid and _holds(self.host_pid, pid, port):
+                        pid = self.term.client.api.exec_inspect(self._exec_id).get("Pid") or time.sleep(0.005)
+                    if pid and _holds(self.term.host_pid, pid, port):
                         conn.settimeout(self._sock.gettimeout())  # sends wait as on the exec's socket
                         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        self._socks.append(conn)
+                        self.socks.append(conn)
                         return conn
                     conn.close()
             return None
         finally:
             listener.close()
 
-    def _idle(self) -> bool:
+    def idle(self) -> bool:
         """Whether the shell has read all it was sent and waits for more (seen from outside the
         container, so nothing the agent did to the shell changes the answer): the framing then
         sent no marker the harness waits for."""
@@ -282,8 +258,182 @@ class Terminal:
         before, sent = self._sent
         return before >= 0 and chars_read(self._shell) - before >= sent
 
+    def close(self):
+        """Close every exec socket of the session (a restart, or the terminal's end)."""
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.close()
+        self.socks, self.relays = [], set()
+
+    def end_fork_bomb(self) -> str:
+        """When a fork failed at the container's pid limit since the last command (a fork bomb, most
+        likely still running), end every background process: otherwise no command could fork."""
+        term = self.term
+        if pid_limit_hits(term.cgroup) <= self._pids_hits:
+            return ""
+        self.kill(self.floor)  # the shell only gets USR1, which an idle shell ignores
+        # a fork under way when the container froze fails at the limit after the thaw: count the hits
+        # once the killed processes are gone, or the next command would end a bomb that is over
+        end = time.monotonic() + 2
+        while time.monotonic() < end and any(n > self.floor and n != self.pid and n not in self.relays
+                                             for n in (term.procs() or {}).values()):
+            time.sleep(0.02)
+        self._pids_hits = pid_limit_hits(term.cgroup)
+        return f"[the container reached its limit of {self.pids_max} processes: every background process was killed]\n"
+
+    def kill(self, watermark: int, shell_too: bool = False) -> bool:
+        """Kill every process the current command started (pids above the watermark); the shell gets
+        USR1 (ends the command) or, with shell_too, SIGKILL. True when nothing above it is left."""
+        term = self.term
+        api = term.client.api
+        host = term.procs()
+        if host is not None:  # local daemon: freeze the container so nothing forks while we kill
+            with contextlib.suppress(Exception):
+                term.check_host()  # no call to a drained daemon: it may hang until the client's timeout
+                api.pause_container(term.id)
+            try:
+                for hpid, nspid in (term.procs() or {}).items():
+                    with contextlib.suppress(OSError):
+                        if nspid == self.pid and not shell_too:
+                            os.kill(hpid, signal.SIGUSR1)
+                        elif nspid > watermark and (shell_too or nspid not in self.relays):
+                            os.kill(hpid, signal.SIGKILL)
+            finally:
+                with contextlib.suppress(Exception):
+                    term.check_host()
+                    api.unpause_container(term.id)
+            if not shell_too:
+                return True
+            end = time.monotonic() + 5  # SIGKILLed processes vanish once the kernel reaps them
+            while time.monotonic() < end:
+                left = [n for n in (term.procs() or {}).values() if n > watermark]
+                if not left:
+                    return True
+                time.sleep(0.02)
+            return False
+        sig = "-9" if shell_too else "-USR1"
+        script = (f"kill {sig} {self.pid}; for p in /proc/[0-9]*; do p=${{p#/proc/}}; "
+                  f"[ $p -gt {watermark} ] && [ $p != $$ ] && kill -9 $p; done 2>&-; true")
+        with contextlib.suppress(Exception):
+            docker_exec(term.client, term.id, ["sh", "-c", script], 10)
+        return True
+
+    def detach_background(self):
+        """Move the shell to a fresh output pipe when background jobs still hold the current one. On
+        failure the old pipe stays in use: background output may then reach later commands."""
+        hpids = cgroup_pids(self.term.cgroup)  # per command: one read of the cgroup, in the common case
+        if not hpids or not self._out_pipe or not set(hpids) - self._quiet:
+            return
+        procs = self.term.procs() or {}
+        holders = [h for h, n in procs.items() if n > self.floor and n != self.pid
+                   and n not in self.relays and self._out_pipe in fd_targets(h)]
+        self._quiet |= set(procs) - set(holders)  # checked: not writing to the terminal
+        if not holders:
+            return
+        with contextlib.suppress(Exception):
+            self._move_output(procs, holders)
+
+    def _move_output(self, procs: dict, holders: list):
+        """Start a relay process, point the shell's terminal fds at its stdout and read from it."""
+        term = self.term
+        shell = next((h for h, n in procs.items() if n == self.pid), None)
+        ex = term.client.api.exec_create(term.id, ["bash", "--noprofile", "--norc", "-c",
+                                                   "builtin printf '%s\\n' $$; builtin read -r _"],
+                                         stdin=True, stdout=True, stderr=True, tty=False)
+        sock = term.client.api.exec_start(ex["Id"], socket=True)._sock
+        self.socks.append(sock)
+        buf, data = bytearray(), b""
+        end = time.monotonic() + 10
+        while b"\n" not in data:
+            chunk = next_frame(sock, buf, end)
+            if not chunk:
+                return
+            data += chunk
+        pid = int(data.split(b"\n")[0])
+        self.relays.add(pid)
+        self._quiet |= set(holders)  # they keep the old pipe: nothing to check again
+        # the shell's fds that were the terminal follow it (stdout, stderr, an agent's saved copy);
+        # a stdout the agent sent elsewhere (`exec >f`) stays there
+        fds = os.listdir(f"/proc/{shell}/fd") if shell else []
+        redirs = " ".join(f"{fd}>&$__termrl_out" for fd in sorted(fds, key=int)
+                          if readlink(f"/proc/{shell}/fd/{fd}") == self._out_pipe)
+        nonce = os.urandom(8).hex()
+        self.send(f"{{ exec {{__termrl_out}}>&- {{__termrl_out}}>/proc/{pid}/fd/1; }} 2>&-; exec {redirs}; "
+                  f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} 0 >&$__termrl_out\n")
+        pending = self._stream.pending
+        self._stream = _Stream(sock, self.idle, buf)
+        self._stream.pending = pending
+        found, _ = self._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 10, Capped(0))
+        if not found:
+            return
+        host = next((h for h, n in (term.procs() or {}).items() if n == pid), None)
+        self._out_pipe = readlink(f"/proc/{host}/fd/1") if host else None
+        self._quiet.add(host)
+
+
+class Terminal:
+    """One container plus one persistent bash session; `run` commands, then grading.grade the episode.
+
+    Use one terminal from one thread at a time. run() raises InfraError only when the container
+    itself is gone; everything the agent can cause (timeouts, floods, `exit`) comes back as output.
+    When the agent made the container unusable (no bash left to start, disk cap exceeded) `dead`
+    says why: run() answers with that notice, and the episode should end (graded as a failure).
+
+    Background jobs keep running between commands (servers, builds), within the container's CPU,
+    memory, pid and disk limits. Their terminal output is not a later command's: when a command
+    ends with jobs still holding the terminal, the shell moves to a fresh output pipe and the old
+    one is no longer read (a job writing more than the pipe holds then blocks, as under Ctrl-S).
+    A command that ends with the container at its pid limit (a fork bomb) ends every background job."""
+
+    def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP, host: Host | None = None,
+                 *, host_answers=None, drain_host=None, on_close=None, harness_runs=None,
+                 grading_network: str = "none", multi_reward: str = "mean", disk_cap_mb: int = 0,
+                 disk_quota: bool = False, network: str = "none"):
+        """What the terminal needs of its environment comes as callables: host_answers() whether the
+        host answers a fresh connection (draining it when not), drain_host(why) treat it as down,
+        on_close() once the container is gone (its place on the host is free). harness_runs(task),
+        grading_network and multi_reward are for grading.grade; disk_cap_mb is the disk cap the disk
+        watchdog keeps (check_disk; 0: none), disk_quota whether a storage quota caps the layer itself;
+        network the network the container started on ("none": no network during the episode)."""
+        self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
+        self.host, self._epoch = host, host.epoch if host else 0  # a drain after this start loses the container
+        self._host_answers, self._drain_host, self._on_close = host_answers, drain_host, on_close
+        self.harness_runs, self.grading_network, self.multi_reward = harness_runs, grading_network, multi_reward
+        self.network = network
+        self.task: Task | None = None
+        self.closed = False
+        self.dead: str | None = None
+        self._restarts = 0  # shells started after the first (CommandResult.shell_restarted)
+        self.disk_cap_mb, self.disk_quota = disk_cap_mb, disk_quota
+        info = client.api.inspect_container(container_id)
+        self.host_pid = info["State"]["Pid"]
+        # Host-side work (/proc, cgroups, signals, the overlay dirs) only when State.Pid is this container's
+        # init on THIS machine: a daemon elsewhere reports a pid of its machine, which here is an unrelated
+        # process. Else the Docker API's slower ways (docs/grading-integrity.md; tests/test_hosts.py).
+        self.local = (host is None or host.host_side) and names_container(self.host_pid, container_id)
+        self.cgroup = cgroup_dirs(self.host_pid, container_id) if self.local else {}  # its cgroup dirs here
+        self.networked = False  # joined the grading network (grading.grade)
+        self.trace_reads = False  # grading.grade records which of the image's files the tests read (tasktool validate)
+        layers = (info.get("GraphDriver") or {}).get("Data") or {}
+        self.layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
+        # an image's VOLUMEs are directories on the host's disk that no writable-layer quota covers
+        self.volumes = [m["Source"] for m in info.get("Mounts") or [] if m.get("Type") == "volume" and m.get("Source")]
+        self.home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
+        self.shell = Shell(self)
+
+    @property
+    def shell_pid(self) -> int:
+        """The pid, inside the container, of the agent's shell now running."""
+        return self.shell.pid
+
+    @property
+    def floor(self) -> int:
+        """The highest container pid older than the agent: init, its keep-alive `sleep` and what the
+        image's ENTRYPOINT started. Every pid above it is the agent's (or the harness's)."""
+        return self.shell.floor
+
     def procs(self) -> dict | None:
-        return container_procs(self.host_pid, self._cgroup) if self.local else None
+        return container_procs(self.host_pid, self.cgroup) if self.local else None
 
     def _alive(self) -> bool:
         if not self.host_ok():  # drained: no call that may hang
@@ -296,17 +446,14 @@ class Terminal:
         """Replace a dead or unrecoverable shell with a fresh one (state is lost, the container stays).
         Every process but init and its sleep is SIGKILLed first, the old shell included, and checked
         gone. False (and `dead` set) when the agent left the container unable to start a shell."""
-        for s in self._socks:
-            with contextlib.suppress(OSError):
-                s.close()
-        self._socks, self._relays = [], set()
+        self.shell.close()
         if self.dead:
             return False
-        self._check_host()
+        self.check_host()
         try:
-            if not _kill_command(self, self._floor, shell_too=True):
+            if not self.shell.kill(self.floor, shell_too=True):
                 raise InfraError(f"container {self.id[:12]}: processes survived SIGKILL")
-            self._start_session()
+            self.shell.start()
             self._restarts += 1
             return True
         except Exception as e:
@@ -318,8 +465,8 @@ class Terminal:
             return False
 
     def _dead_result(self, t0: float, out: str = "") -> CommandResult:
-        return CommandResult(out + f"\n[the terminal is dead: {self.dead}; the episode is over]",
-                             None, False, time.monotonic() - t0, False)
+        return CommandResult(output=out + f"\n[the terminal is dead: {self.dead}; the episode is over]",
+                             exit_code=None, timed_out=False, duration_s=time.monotonic() - t0, truncated=False)
 
     # -- public API ----------------------------------------------------------------------------
     def run(self, cmd: str, timeout: float = 30) -> CommandResult:
@@ -327,30 +474,31 @@ class Terminal:
         Returns within timeout + TIMEOUT_MARGIN_S."""
         if self.closed:
             raise InfraError("terminal is closed")
-        self._check_host()
+        self.check_host()
         t0 = time.monotonic()
         if self.dead:
             return self._dead_result(t0)
-        first = _end_fork_bomb(self)
+        first = self.shell.end_fork_bomb()
         restarts = self._restarts
         note, sink = "", Capped(self.output_cap)
         nonce, answer = os.urandom(8).hex(), 1 + os.urandom(1)[0] % 120
         try:
-            self._send(_command_line(cmd, nonce, answer))
+            self.shell.send(_command_line(cmd, nonce, answer))
         except OSError as e:
             if not self._restart_session():
                 return self._dead_result(t0)
-            return CommandResult(f"[the shell had died ({e}); a new shell was started, please retry]",
-                                 None, False, time.monotonic() - t0, False, shell_restarted=True)
+            return CommandResult(output=f"[the shell had died ({e}); a new shell was started, please retry]",
+                                 exit_code=None, timed_out=False, duration_s=time.monotonic() - t0,
+                                 truncated=False, shell_restarted=True)
         deadline = t0 + timeout
         # what arrives before the begin marker is background output between commands: dropped
-        found, wm = self._stream.read_until(f"{MARK}B{nonce} ".encode(), deadline, Capped(0))
+        found, wm = self.shell.read_until(f"{MARK}B{nonce} ".encode(), deadline, Capped(0))
         exit_code, timed_out = None, False
         if found:
-            found, status = self._stream.read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
+            found, status = self.shell.read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
             if found and _answered(status, answer):
                 exit_code = int(status.split()[0])
-                note += _detach_background(self)
+                self.shell.detach_background()
             elif found:
                 note += self._reframe()
             elif status == "eof":
@@ -363,7 +511,7 @@ class Terminal:
                 timed_out = True
                 why = (f"timed out after {timeout:g}s" if status == "timeout"
                        else f"produced more than {FLOOD_LIMIT >> 20} MiB of output")
-                note += self._recover(_watermark(wm, self._floor), why, sink, nonce, answer)
+                note += self._recover(_watermark(wm, self.floor), why, sink, nonce, answer)
         elif wm == "idle":  # the shell read the command line and printed no begin marker
             note += self._reframe()
         else:  # the shell never picked the command up
@@ -374,7 +522,8 @@ class Terminal:
                 "; a new shell was started in the working directory]"
         if self.dead:
             return self._dead_result(t0, sink.text())
-        return CommandResult(first + sink.text() + note, exit_code, timed_out, time.monotonic() - t0, bool(sink.omitted),
+        return CommandResult(output=first + sink.text() + note, exit_code=exit_code, timed_out=timed_out,
+                             duration_s=time.monotonic() - t0, truncated=bool(sink.omitted),
                              shell_restarted=self._restarts > restarts)
 
     def _reframe(self) -> str:
@@ -386,8 +535,8 @@ class Terminal:
                 "A new shell was started: variables and cwd were reset]")
 
     def _recover(self, watermark: int, why: str, sink: Capped, nonce: str, answer: int) -> str:
-        _kill_command(self, watermark)
-        found, status = self._stream.read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
+        self.shell.kill(watermark)
+        found, status = self.shell.read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
         if found and _answered(status, answer):
             return f"\n[command {why} and was killed; the shell is still usable]"
         if not self._restart_session():
@@ -412,16 +561,14 @@ class Terminal:
         elif self.disk_cap_mb and used > self.disk_cap_mb << 20:
             self.dead = f"the container's files grew past its disk cap of {self.disk_cap_mb} MiB"
         if self.dead:
-            _kill_command(self, self._floor, shell_too=True)
+            self.shell.kill(self.floor, shell_too=True)
 
     def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):
         """Run a command in a fresh process (not the agent's shell): (exit code, output). The deadline
         is kept from outside the container: at `timeout` the process tree is killed and the exit code
         is 124, whatever the container's `timeout` binary does (test_hostile.test_exec_and_grade_*)."""
-        code, out = docker_exec(self.client, self.id, ["bash", "-c", cmd], timeout, env=env,
-                          workdir=workdir or (self.task.workdir if self.task else "/"), cgroup=self._cgroup,
-                          host_pid=self.host_pid if self.local else None, kill_inside=not self.local)
-        return code, out.decode("utf-8", "replace")
+        return bash_exec(self.client, self.id, cmd, timeout, workdir or (self.task.workdir if self.task else "/"),
+                         env, self.cgroup, self.host_pid if self.local else None)
 
     def agent_stopped(self) -> str | None:
         """Evidence when Docker answers but the container no longer runs: the agent killed the process
@@ -441,7 +588,8 @@ class Terminal:
         """Whether this container's host has not been drained since it started (no call to it)."""
         return self.host is None or (self.host.up and self.host.epoch == self._epoch)
 
-    def _check_host(self):
+    def check_host(self):
+        """Raise HostDown when this container's host was drained since it started (host_ok)."""
         if not self.host_ok():
             raise HostDown(f"docker host {self.host.name} stopped answering ({self.host.why or 'drained'}); "
                            "its containers are lost")
@@ -463,9 +611,7 @@ class Terminal:
     def close(self):
         if not self.closed:
             self.closed = True
-            for sock in self._socks:
-                with contextlib.suppress(OSError):
-                    sock.close()
+            self.shell.close()
             if not self.host_ok():
                 # no call to a daemon that stopped answering (it may hang): removed when the host rejoins
                 self.host.lost.add(self.id)
@@ -504,106 +650,3 @@ def _answered(status: str, answer: int) -> bool:
 def _watermark(text: str, floor: int) -> int:
     """The begin marker's last pid before the command (the shell reads it from /proc/loadavg)."""
     return int(text) if text.isdigit() else floor
-
-
-def _end_fork_bomb(term) -> str:
-    """When a fork failed at the container's pid limit since the last command (a fork bomb, most
-    likely still running), end every background process: otherwise no command could fork."""
-    if pid_limit_hits(term._cgroup) <= term._pids_hits:
-        return ""
-    _kill_command(term, term._floor)  # the shell only gets USR1, which an idle shell ignores
-    # a fork under way when the container froze fails at the limit after the thaw: count the hits
-    # once the killed processes are gone, or the next command would end a bomb that is over
-    end = time.monotonic() + 2
-    while time.monotonic() < end and any(n > term._floor and n != term._session_pid and n not in term._relays
-                                         for n in (term.procs() or {}).values()):
-        time.sleep(0.02)
-    term._pids_hits = pid_limit_hits(term._cgroup)
-    return f"[the container reached its limit of {term._pids_max} processes: every background process was killed]\n"
-
-
-def _kill_command(term, watermark: int, shell_too: bool = False) -> bool:
-    """Kill every process the current command started (pids above the watermark); the shell gets
-    USR1 (ends the command) or, with shell_too, SIGKILL. True when nothing above it is left."""
-    api = term.client.api
-    host = term.procs()
-    if host is not None:  # local daemon: freeze the container so nothing forks while we kill
-        with contextlib.suppress(Exception):
-            term._check_host()  # no call to a drained daemon: it may hang until the client's timeout
-            api.pause_container(term.id)
-        try:
-            for hpid, nspid in (term.procs() or {}).items():
-                with contextlib.suppress(OSError):
-                    if nspid == term._session_pid and not shell_too:
-                        os.kill(hpid, signal.SIGUSR1)
-                    elif nspid > watermark and (shell_too or nspid not in term._relays):
-                        os.kill(hpid, signal.SIGKILL)
-        finally:
-            with contextlib.suppress(Exception):
-                term._check_host()
-                api.unpause_container(term.id)
-        if not shell_too:
-            return True
-        end = time.monotonic() + 5  # SIGKILLed processes vanish once the kernel reaps them
-        while time.monotonic() < end:
-            left = [n for n in (term.procs() or {}).values() if n > watermark]
-            if not left:
-                return True
-            time.sleep(0.02)
-        return False
-    sig = "-9" if shell_too else "-USR1"
-    script = (f"kill {sig} {term._session_pid}; for p in /proc/[0-9]*; do p=${{p#/proc/}}; "
-              f"[ $p -gt {watermark} ] && [ $p != $$ ] && kill -9 $p; done 2>&-; true")
-    with contextlib.suppress(Exception):
-        docker_exec(term.client, term.id, ["sh", "-c", script], 10)
-    return True
-
-
-def _detach_background(term) -> str:
-    """Move the shell to a fresh output pipe when background jobs still hold the current one."""
-    hpids = cgroup_pids(term._cgroup)  # per command: one read of the cgroup, in the common case
-    if not hpids or not term._out_pipe or not set(hpids) - term._quiet:
-        return ""
-    procs = term.procs() or {}
-    holders = [h for h, n in procs.items() if n > term._floor and n != term._session_pid
-               and n not in term._relays and term._out_pipe in fd_targets(h)]
-    term._quiet |= set(procs) - set(holders)  # checked: not writing to the terminal
-    if not holders:
-        return ""
-    shell = next((h for h, n in procs.items() if n == term._session_pid), None)
-    try:
-        ex = term.client.api.exec_create(term.id, ["bash", "--noprofile", "--norc", "-c",
-                                                   "builtin printf '%s\\n' $$; builtin read -r _"],
-                                         stdin=True, stdout=True, stderr=True, tty=False)
-        sock = term.client.api.exec_start(ex["Id"], socket=True)._sock
-        term._socks.append(sock)
-        buf, data = bytearray(), b""
-        end = time.monotonic() + 10
-        while b"\n" not in data:
-            chunk = next_frame(sock, buf, end)
-            if not chunk:
-                return ""
-            data += chunk
-        pid = int(data.split(b"\n")[0])
-        term._relays.add(pid)
-        term._quiet |= set(holders)  # they keep the old pipe: nothing to check again
-        # the shell's fds that were the terminal follow it (stdout, stderr, an agent's saved copy);
-        # a stdout the agent sent elsewhere (`exec >f`) stays there
-        fds = os.listdir(f"/proc/{shell}/fd") if shell else []
-        redirs = " ".join(f"{fd}>&$__termrl_out" for fd in sorted(fds, key=int)
-                          if readlink(f"/proc/{shell}/fd/{fd}") == term._out_pipe)
-        nonce = os.urandom(8).hex()
-        term._send(f"{{ exec {{__termrl_out}}>&- {{__termrl_out}}>/proc/{pid}/fd/1; }} 2>&-; exec {redirs}; "
-                   f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} 0 >&$__termrl_out\n")
-        pending = term._stream.pending
-        term._stream = _Stream(sock, term._idle, buf)
-        term._stream.pending = pending
-        found, _ = term._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 10, Capped(0))
-        if not found:
-            return ""
-        host = next((h for h, n in (term.procs() or {}).items() if n == pid), None)
-        term._out_pipe = readlink(f"/proc/{host}/fd/1") if host else None
-        term._quiet.add(host)
-    except Exception:  # the old pipe stays in use: background output may then reach later commands
-        return ""
-    return ""

@@ -19,7 +19,7 @@ from conftest import ROOT
 
 
 def _procs(term) -> dict:
-    cgroup = getattr(term, "_cgroup", None)  # a consistent snapshot where the cgroup is readable
+    cgroup = term.cgroup  # a consistent snapshot where the cgroup is readable
     procs = inspection.container_procs(term.host_pid, cgroup) if cgroup else inspection.container_procs(term.host_pid)
     assert procs is not None, "tests run next to a local Docker daemon"
     return procs
@@ -147,7 +147,7 @@ def test_timeout_ends_a_shell_that_ignores_signals_within_the_margin(docker_env,
     a 5 s timeout took 11.2 s). The restart must SIGKILL the old tree and the timeout be kept."""
     with docker_env.reset(easy_tasks[1]) as term:
         base = set(_procs(term))
-        old_shell = [h for h, n in _procs(term).items() if n == term._session_pid]
+        old_shell = [h for h, n in _procs(term).items() if n == term.shell_pid]
         t0 = time.monotonic()
         r = term.run("trap '' USR1 INT TERM HUP; while :; do :; done", timeout=5)
         took = time.monotonic() - t0
@@ -243,7 +243,7 @@ def test_fork_bomb_and_cpu_burners_are_contained(docker_env, easy_tasks):
         r = term.run("ls / | wc -l", timeout=30)  # needs to fork: the bomb must not starve it
         assert r.exit_code == 0 and int(r.output.split()[-1]) > 5, r.output[-300:]
         # the bomb is over: init, sleep, the shell and the harness's output relays are left
-        assert len(_procs(term)) <= 3 + len(getattr(term, "_relays", ())), len(_procs(term))
+        assert len(_procs(term)) <= 3 + len(term.shell.relays), len(_procs(term))
         assert term.run("echo alive").output == "alive\n"
     _gone(docker_env, term)
 

@@ -183,7 +183,7 @@ def test_remote_host_fallbacks_through_the_docker_api(easy_tasks):
         env._hosts.hosts[0].host_side = False
         term = env.reset(easy_tasks[0])
         with term:
-            assert term.local is False and term._cgroup == {} and term.procs() is None
+            assert term.local is False and term.cgroup == {} and term.procs() is None
             r = term.run("sleep 100", timeout=1)
             assert r.timed_out and term.run("echo still").output == "still\n"
             term.run("(sleep 1000 &) ; cp /bin/true /usr/local/bin/python3")

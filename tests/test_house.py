@@ -1,10 +1,16 @@
-"""The house's shape, read from the source: imports go one way. Parsed with ast, so nothing is imported
-or run."""
+"""The house's shape, read from the source: imports go one way, and no module reaches into another
+object's private (underscore) state. Parsed with ast, so nothing is imported or run."""
 import ast
 
 from conftest import ROOT
 
 MODULES = {p.stem: p for p in sorted(ROOT.glob("*.py"))}
+
+# Underscore names that are public by convention of the standard library or a dependency, not
+# another object's private state: namedtuple's API is underscored so it cannot clash with a field;
+# os._exit is the documented exit without clean-up; docker-py's exec_start(socket=True) hands back
+# a SocketIO whose raw socket, `_sock`, is the documented way to write to the exec and select on it.
+PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults", "_exit", "_sock"}
 
 
 def _tree(path):
@@ -59,3 +65,34 @@ def test_imports_go_one_way():
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
     assert not [m for m, deps in graph.items() if "train" in deps], "train.py is the top: nothing imports it"
+
+
+def private_reads(path) -> list[str]:
+    """`x._name` in `path` where x is not self or cls: another object's private state. A module's
+    own underscore names are used bare, so any attribute access to one crosses a boundary."""
+    out = []
+    for node in ast.walk(_tree(path)):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")):
+            continue
+        if node.attr.startswith("__") and node.attr.endswith("__") or node.attr in PUBLIC_UNDERSCORE:
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        out.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_private_reads_are_found():
+    src = "class A:\n    def f(self, o):\n        return self._a, o._b, o.__class__, t._replace(x=1)\n"
+    tmp = ROOT / "tests" / "fixtures"
+    path = tmp / "_house_probe.py"
+    path.write_text(src)
+    try:
+        assert private_reads(path) == ["_house_probe.py:3: o._b"]
+    finally:
+        path.unlink()
+
+
+def test_no_module_reads_another_objects_private_state():
+    reads = [r for p in MODULES.values() for r in private_reads(p)]
+    assert not reads, "private state read from outside its class:\n" + "\n".join(reads)
