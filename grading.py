@@ -34,15 +34,20 @@ REWARD_MAX = 64 << 10  # a reward file is a number or a small JSON object
 @dataclass
 class Grade:
     """The verdict of the hidden tests on one episode."""
-    reward: float | None
-    passed: bool
-    tests: dict
-    output: str
-    infra_error: str | None
+    reward: float | None = None  # None: not graded (infra_error says why)
+    passed: bool = False
+    tests: dict = field(default_factory=dict)  # test name -> PASSED | FAILED | ...
+    output: str = ""
+    infra_error: str | None = None
     rewards: dict = field(default_factory=dict)  # every key of a TB2 reward.json (reward.txt: {"reward": x})
     tampered: str | None = None  # evidence that the episode tampered with grading (reward is then 0)
     image_reads: list = field(default_factory=list)  # with term.trace_reads: the image's files the tests
     # read that the episode left as they were, outside the system's directories (tasktool's truth_in_reach)
+
+    def record(self) -> dict:
+        """What a trajectory keeps of the grade (its output's last 2000 characters)."""
+        return {"passed": self.passed, "tests": self.tests, "output": self.output[-2000:],
+                "infra_error": self.infra_error, "rewards": self.rewards, "tampered": self.tampered}
 
 
 # What a harness prints when it cannot download its runner (curl, pip, uv, apt's "Temporary failure
@@ -76,13 +81,13 @@ def grade(term) -> Grade:
     only when Docker failed, the container was lost to the infrastructure (`lost`), or grading
     failed and the harness fails on a fresh container too (blame; tests/test_tampering.py, tests/test_hosts.py)."""
     if not term.host_ok():
-        return Grade(None, False, {}, "", term.lost())
+        return Grade(infra_error=term.lost())
     try:
         g = _grade(term)
     except Exception as e:  # our own code failed on what the agent left: the same rule as any failure
         g = blame(term, f"grading failed: {type(e).__name__}: {e}")
     if (g.tampered or g.infra_error) and (why := term.lost()):
-        return Grade(None, False, g.tests, g.output, why)
+        return Grade(tests=g.tests, output=g.output, infra_error=why)
     return g
 
 
@@ -107,24 +112,24 @@ def blame(term, failure: str, g: Grade | None = None) -> Grade:
     tests, output, rewards = (g.tests, g.output, g.rewards) if g else ({}, "", {})
     failure = failure[:3000]  # an error can quote a path of any length the agent made
     if why := term.lost() or _removed(term):  # the Docker host or the container went away: nothing to recheck on
-        return Grade(None, False, tests, output, why)
+        return Grade(tests=tests, output=output, infra_error=why)
     if why := term.agent_stopped():
-        return Grade(0.0, False, tests, output, None, rewards=rewards, tampered=why)
+        return Grade(reward=0.0, tests=tests, output=output, rewards=rewards, tampered=why)
     try:
         runs = term.harness_runs is not None and term.harness_runs(term.task)
     except Exception:  # no fresh container to compare with: the infrastructure's failure
         runs = False
     if runs:
-        return Grade(0.0, False, tests, output, None, rewards=rewards,
+        return Grade(reward=0.0, tests=tests, output=output, rewards=rewards,
                      tampered=f"{failure} after the episode, but the harness runs on a fresh container")
-    return Grade(None, False, tests, output, failure)
+    return Grade(tests=tests, output=output, infra_error=failure)
 
 
 def _grade(term) -> Grade:
     """grade, before the check that the container was not lost meanwhile."""
     t = term.task
     if term.dead:  # the agent broke its own container: a failed episode, not an infrastructure error
-        return Grade(0.0, False, {}, f"[the terminal is dead: {term.dead}]", None,
+        return Grade(reward=0.0, output=f"[the terminal is dead: {term.dead}]",
                      tampered=term.agent_stopped() or f"the agent made its container unusable: {term.dead}")
     exports = _agent_exports(term) if t.tests_in_agent_shell else {}
     evidence, running = ([], False) if t.keep_agent_processes else stop_agent(term)
@@ -134,7 +139,7 @@ def _grade(term) -> Grade:
         diff = changes(term.client.api, term.id, term.layers, term.local)
         evidence += toolchain_changes(diff, t, term.home, _BIN_DIRS + path_dirs)
         if evidence:
-            return Grade(0.0, False, {}, "", None, tampered="; ".join(evidence)[:4000])
+            return Grade(reward=0.0, tampered="; ".join(evidence)[:4000])
         if running:
             box = GradingBox(term)
     try:
@@ -232,7 +237,7 @@ def verify(term, exports: dict | None = None, diff: list | None = None, box=None
             code, out = box.exec(t.test_command, t.test_timeout_s, env=env)
         rc, text = (_read_reward(box) if t.layout == "tb2" else (None, ""))
     except Exception as e:
-        return Grade(None, False, {}, "", f"grading failed: {type(e).__name__}: {e}"), True
+        return Grade(infra_error=f"grading failed: {type(e).__name__}: {e}"), True
     g, harness_failed = _score(term, code, out, rc, text)
     changed = {p for p, _ in diff}  # what the tests read of the image and the episode left as the image had it
     g.image_reads = sorted(p for p in getattr(watch, "opened", ()) if p not in changed and
@@ -240,7 +245,8 @@ def verify(term, exports: dict | None = None, diff: list | None = None, box=None
     offline = _NO_NETWORK.search(out)
     if offline and not g.tests and not (g.reward or 0) > 0:  # no test ran: the runner could not be fetched
         net = term.grading_network
-        return Grade(None, False, g.tests, g.output, "the test harness could not install itself: no network "
+        return Grade(tests=g.tests, output=g.output,
+                     infra_error="the test harness could not install itself: no network "
                      f"({offline.group().strip()[:120]}); grading joins env.grading_network ({net}) for "
                      "tasks whose tests_need_network"), True
     return g, harness_failed
@@ -257,20 +263,21 @@ def _score(term, code: int, out: str, rc: int | None, text: str) -> tuple[Grade,
     output = cap.text() + ("\n[tests timed out]" if timed_out else "")
     if t.layout != "tb2":
         if code in (126, 127) or (code in (3, 4, 5) and not tests):  # harness missing / pytest usage error
-            return Grade(None, False, tests, output, f"test harness failed to run (exit code {code})"), True
-        return Grade(1.0 if code == 0 else 0.0, code == 0, tests, output, None), False
+            return Grade(tests=tests, output=output,
+                         infra_error=f"test harness failed to run (exit code {code})"), True
+        return Grade(reward=1.0 if code == 0 else 0.0, passed=code == 0, tests=tests, output=output), False
     if rc != 0:
         if timed_out:
-            return Grade(0.0, False, tests, output, None), False
-        return Grade(None, False, tests, output,
-                     f"test harness wrote no /logs/verifier/reward.txt (tests exit code {code})"), True
+            return Grade(reward=0.0, tests=tests, output=output), False
+        return Grade(tests=tests, output=output,
+                     infra_error=f"test harness wrote no /logs/verifier/reward.txt (tests exit code {code})"), True
     path, _, body = text.partition("\n")
     try:
         rewards = json.loads(body) if path.endswith(".json") else {"reward": float(body.strip())}
         reward = scalar_reward(rewards, term.multi_reward)
     except (ValueError, TypeError, AttributeError) as e:
-        return Grade(None, False, tests, output, f"{path}: {e}: {body[:100]!r}"), True
-    return Grade(reward, reward >= 1.0, tests, output, None, rewards=rewards), False
+        return Grade(tests=tests, output=output, infra_error=f"{path}: {e}: {body[:100]!r}"), True
+    return Grade(reward=reward, passed=reward >= 1.0, tests=tests, output=output, rewards=rewards), False
 
 
 def _put_tests_from_host(box, tests: dict) -> bool:
@@ -407,18 +414,18 @@ def settle(term, error: Exception | None = None) -> Outcome:
         t0 = time.monotonic()
         g = grade(term)
         grade_s = time.monotonic() - t0
-        record = {"passed": g.passed, "tests": g.tests, "output": g.output[-2000:], "infra_error": g.infra_error,
-                  "rewards": g.rewards, "tampered": g.tampered}
+        record = g.record()
         if not g.infra_error:
-            return Outcome(None, True, float(g.reward), record, grade_s=grade_s)
+            return Outcome(finish_reason=None, valid=True, reward=float(g.reward), grade=record, grade_s=grade_s)
         error = InfraError(g.infra_error)
     if isinstance(error, HostDown) or (term is not None and term.lost()):
-        return Outcome("sandbox_lost", False, float("nan"), record, str(error), grade_s)
+        return Outcome(finish_reason="sandbox_lost", valid=False, reward=float("nan"), grade=record,
+                       error=str(error), grade_s=grade_s)
     if term is not None and (why := term.agent_stopped()):
-        return Outcome("container_stopped", True, 0.0, {"passed": False, "tests": {}, "output": str(error),
-                                                        "infra_error": None, "rewards": {}, "tampered": why},
-                       grade_s=grade_s)
-    return Outcome("env_error", False, float("nan"), record, str(error), grade_s)
+        return Outcome(finish_reason="container_stopped", valid=True, reward=0.0,
+                       grade=Grade(reward=0.0, output=str(error), tampered=why).record(), grade_s=grade_s)
+    return Outcome(finish_reason="env_error", valid=False, reward=float("nan"), grade=record, error=str(error),
+                   grade_s=grade_s)
 
 
 def verifier_env(task: Task) -> dict:

@@ -360,16 +360,28 @@ def start_policy(r: Run, version: int) -> Policy:
 # the pieces of one step
 
 
-def rollout_step(r: Run, policy, step: int):
-    """Step `step`'s episodes on this rank: (step, all ranks' tasks, the draw's metrics, trajectories,
-    seconds, generation seconds)."""
+@dataclass
+class StepRollout:
+    """One step's episodes on this rank, as the loop trains on and logs them."""
+    step: int
+    tasks: list          # all ranks' tasks of the step
+    drawn: dict          # the draw's metrics (difficulty.DifficultyFilter.draw)
+    trajs: list          # this rank's trajectories
+    t_roll: float        # seconds the rollout took
+    t_gen: float         # of which the engine generated
+    n_stale: int = 0     # trajectories dropped as too stale to train on (train.mode async)
+
+
+def rollout_step(r: Run, policy, step: int) -> StepRollout:
+    """Step `step`'s episodes on this rank."""
     tasks, sat_out, fell_back = r.filter.draw(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)
     drawn = {"tasks_sitting_out": sat_out, "filter_fell_back": fell_back}
     mine, before = rank_share(tasks, r.rank, r.world)  # all ranks' tasks; this one's
     g0, t0 = policy.gen_busy_s, time.time()
     trajs = rollout.collect(mine, policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,
                             group_id_start=step * r.cfg.train.tasks_per_step + before, progress=False, experts=r.experts)
-    return step, tasks, drawn, trajs, time.time() - t0, policy.gen_busy_s - g0
+    return StepRollout(step=step, tasks=tasks, drawn=drawn, trajs=trajs, t_roll=time.time() - t0,
+                       t_gen=policy.gen_busy_s - g0)
 
 
 def start_producer(r: Run, policy, start: int, stop: threading.Event) -> queue.Queue:
@@ -393,20 +405,18 @@ def start_producer(r: Run, policy, start: int, stop: threading.Event) -> queue.Q
     return produced
 
 
-def next_rollout(r: Run, policy, step: int, produced: queue.Queue | None):
-    """(tasks, the draw's metrics, trajectories, stale ones dropped, seconds, generation seconds):
-    from the async producer, else rolled out now with the engine awake."""
+def next_rollout(r: Run, policy, step: int, produced: queue.Queue | None) -> StepRollout:
+    """Step `step`'s episodes: from the async producer (those too stale dropped), else rolled out now
+    with the engine awake."""
     if produced is not None:
         item = produced.get()
         if isinstance(item, BaseException):  # the producer's rollout failed: the run ends with its error
             raise item
-        s, tasks, drawn, trajs, t_roll, t_gen = item
-        assert s == step, f"async producer is at step {s}, trainer at {step}"
-        trajs, n_stale = rollout.drop_stale(trajs, policy.version, r.cfg.train.max_staleness)
-        return tasks, drawn, trajs, n_stale, t_roll, t_gen
+        assert item.step == step, f"async producer is at step {item.step}, trainer at {step}"
+        item.trajs, item.n_stale = rollout.drop_stale(item.trajs, policy.version, r.cfg.train.max_staleness)
+        return item
     policy.wake()
-    _, tasks, drawn, trajs, t_roll, t_gen = rollout_step(r, policy, step)
-    return tasks, drawn, trajs, 0, t_roll, t_gen
+    return rollout_step(r, policy, step)
 
 
 def share_experts(r: Run, trajs):
@@ -526,7 +536,8 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     for step in bar:
         t_step = time.time()
         # 1. rollout (engine awake)
-        tasks, drawn, trajs, n_stale, t_roll, t_gen = next_rollout(r, policy, step, produced)
+        ro = next_rollout(r, policy, step, produced)
+        trajs = ro.trajs
         rollout.write_jsonl(trajs, traj_file)
         share_experts(r, trajs)
         filtered = filter_step(r, step, trajs)
@@ -565,14 +576,14 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
             eval_succ, t_eval = heldout_eval(r, policy, done)
 
         # 8. log: one line per step
-        rec = {"phase": "rl", "step": done, "reward": reward, "success": success, "tasks": [t.name for t in tasks],
-               "episodes": len(trajs), "dropped_stale": n_stale, "policy_version": policy.version, **drawn, **filtered, **m,
+        rec = {"phase": "rl", "step": done, "reward": reward, "success": success, "tasks": [t.name for t in ro.tasks],
+               "episodes": len(trajs), "dropped_stale": ro.n_stale, "policy_version": policy.version, **ro.drawn, **filtered, **m,
                "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
-               "time/rollout": t_roll, "time/generation": t_gen, "time/env": max(0.0, t_roll - t_gen),
+               "time/rollout": ro.t_roll, "time/generation": ro.t_gen, "time/env": max(0.0, ro.t_roll - ro.t_gen),
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
                "time/step": time.time() - t_step,  # wall clock; async mode hides rollout time behind training
                **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()},
-               **rank_times(world, trajs, t_roll, t_train), **r.env.host_stats()}
+               **rank_times(world, trajs, ro.t_roll, t_train), **r.env.host_stats()}
         if rank == 0:
             log.log(rec)
 

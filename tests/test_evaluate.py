@@ -122,11 +122,14 @@ def _episode(commands, task="t", reward=0.0, exit_codes=None, timeouts=(), resta
         call, err = parse_tool_call(text)
         assert err is None
         msgs.append({"role": "assistant", "content": text, "tool_call": call})
-        res = (terminal.CommandResult("...\n[command timed out after 5s and was killed; the shell is "
-                                      "still usable]", None, True, 5.0, False) if i in timeouts else
-               terminal.CommandResult("[the shell exited; a new shell was started in the working directory]",
-                                      None, False, 0.1, False, shell_restarted=True) if i in restarts else
-               terminal.CommandResult("out", (exit_codes or {}).get(i, 0), False, 0.1, False))
+        res = (terminal.CommandResult(output="...\n[command timed out after 5s and was killed; the shell is "
+                                      "still usable]", exit_code=None, timed_out=True, duration_s=5.0,
+                                      truncated=False) if i in timeouts else
+               terminal.CommandResult(output="[the shell exited; a new shell was started in the working "
+                                      "directory]", exit_code=None, timed_out=False, duration_s=0.1,
+                                      truncated=False, shell_restarted=True) if i in restarts else
+               terminal.CommandResult(output="out", exit_code=(exit_codes or {}).get(i, 0), timed_out=False,
+                                      duration_s=0.1, truncated=False))
         msgs.append(tool_message(res))
     for _ in range(invalid):
         text = "<tool_call>{not json</tool_call>"

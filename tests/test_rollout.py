@@ -96,8 +96,9 @@ def test_tool_message_fields_add_no_tokens(tiny_tokenizer):
     """The tool message's `result` fields are for readers of the trajectory: the model sees the
     same tokens as for a message of its text alone, through the template's own tool support and
     through the Hermes messages written for templates without it."""
-    res = terminal.CommandResult("slow\n[command timed out after 1s and was killed; the shell is still usable]",
-                          None, True, 1.0, True, shell_restarted=True)
+    res = terminal.CommandResult(output="slow\n[command timed out after 1s and was killed; the shell is still "
+                                 "usable]", exit_code=None, timed_out=True, duration_s=1.0, truncated=True,
+                                 shell_restarted=True)
     msg = tool_message(res, extra_calls=1)
     assert msg["result"] == {"exit_code": None, "timed_out": True, "shell_restarted": True, "truncated": True}
     plain = {"role": "tool", "content": msg["content"]}
