@@ -88,6 +88,18 @@ def _fits(h: Host, key: tuple) -> bool:
     return set(key[8]) <= set(h.spec.labels)
 
 
+def _create(client, key: tuple, labels: dict, disk_quota: bool) -> str:
+    """Create (not start) a container for key: the image's ENTRYPOINT runs as in Harbor, with `sleep
+    infinity` as its command (what it starts is the image's: grading.stop_agent keeps it); none:
+    sleep itself."""
+    image, _, _, _, _, workdir, variables, _, _ = key
+    entry = client.api.inspect_image(image)["Config"].get("Entrypoint") or None
+    return client.api.create_container(
+        image, entrypoint=entry or ["sleep", "infinity"], command=["sleep", "infinity"] if entry else [],
+        working_dir=workdir, labels=labels, environment=dict(variables), hostname="termrl",
+        host_config=client.api.create_host_config(**_limits(key, disk_quota)))["Id"]
+
+
 def _sweep_own(h: Host, token: str):
     """Remove what a rejoining host still holds of the Env whose containers carry token, and stale containers."""
     for c in h.client.api.containers(all=True, filters={"label": f"{LABEL}.env={token}"}):
@@ -409,7 +421,7 @@ class Env:
     def _start(self, key: tuple, host: Host) -> Terminal:
         """A new container for key on host, where room was reserved (released if this fails). HostDown
         when the host stopped answering."""
-        image, _, _, _, net, workdir, variables, disk_mb, _ = key
+        image, _, _, _, net, _, _, disk_mb, _ = key
         client, t0 = host.ops, time.monotonic()
         with host.starts_gate:
             try:
@@ -417,20 +429,12 @@ class Env:
                     raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
                 self._images.ensure(image, host)
                 try:
-                    # The image's ENTRYPOINT runs as in Harbor, with `sleep infinity` as its command
-                    # (what it starts is the image's: grading.stop_agent keeps it); none: sleep itself.
-                    entry = client.api.inspect_image(image)["Config"].get("Entrypoint") or None
-                    c = client.api.create_container(
-                        image, entrypoint=entry or ["sleep", "infinity"], command=["sleep", "infinity"] if entry else [],
-                        working_dir=workdir,
-                        labels={**owner_labels(), f"{LABEL}.env": self._token}, environment=dict(variables),
-                        hostname="termrl", host_config=client.api.create_host_config(**_limits(key, host.disk_quota)))
+                    cid = _create(client, key, {**owner_labels(), f"{LABEL}.env": self._token}, host.disk_quota)
                 except self._docker.errors.APIError as e:
                     if not (host.disk_quota and "storage" in str(e).lower()):
                         raise
                     host.disk_quota = False  # e.g. xfs mounted without pquota: the watchdog instead
                     raise _Retry() from None
-                cid = c["Id"]
                 register(client, cid)
                 client.api.start(cid)
                 if SHUTDOWN.is_set():  # the signal's cleanup may have run before this container existed

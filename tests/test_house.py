@@ -96,3 +96,20 @@ def test_private_reads_are_found():
 def test_no_module_reads_another_objects_private_state():
     reads = [r for p in MODULES.values() for r in private_reads(p)]
     assert not reads, "private state read from outside its class:\n" + "\n".join(reads)
+
+
+def oversized(path) -> list[str]:
+    """What in `path` is over the house's sizes: the file 800 lines, a class 300, a function 100."""
+    src = path.read_text()
+    out = [f"{path.name}: {n} lines" for n in [len(src.splitlines())] if n > 800]
+    for node in ast.walk(ast.parse(src)):
+        size = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+        limit = 300 if isinstance(node, ast.ClassDef) else 100
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and size > limit:
+            out.append(f"{path.name}:{node.lineno}: {node.name} is {size} lines (at most {limit})")
+    return out
+
+
+def test_files_classes_and_functions_keep_their_sizes():
+    big = [o for p in MODULES.values() for o in oversized(p)]
+    assert not big, "split by responsibility:\n" + "\n".join(big)
