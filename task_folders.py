@@ -155,37 +155,88 @@ def _instruction(text: str, where: Path) -> str:
 HIDDEN_FILES = {"tests", "solution", "solution.sh", "solution.yaml", "run-tests.sh"}
 
 
-def _refuse_hidden_copies(dockerfile: Path, context: Path, folder: Path, layout: str):
-    """A TaskError for a COPY/ADD of the tests or the solution, which are never in the build context:
-    the build would fail at episode time, and an image holding them would show the agent the tests.
-    A Harbor environment/ folder's own file of such a name is the environment's, and fine."""
-    text = _text(dockerfile, folder, "the task image's Dockerfile")
-    logical, first = [], None  # (line number, text) of each instruction, continuations joined
+def _instructions(text: str) -> list[tuple[int, str]]:
+    """(line number, text) of each Dockerfile instruction, continuations joined, comments left out."""
+    logical, first = [], None
     for n, raw in enumerate(text.splitlines(), 1):
         if first is None:
+            if not raw.strip() or raw.lstrip().startswith("#"):
+                continue
             first, parts = n, []
         parts.append(raw.rstrip("\\"))
         if not raw.endswith("\\"):
             logical.append((first, " ".join(parts)))
             first = None
-    for n, line in logical:
+    return logical
+
+
+def _copy_words(args: str) -> list[str]:
+    try:
+        words = json.loads(args) if args.startswith("[") else None
+    except json.JSONDecodeError:
+        words = None
+    if isinstance(words, list):
+        return list(map(str, words))
+    return [w for w in args.split() if not w.startswith("--")]
+
+
+def _never_in_final(logical: list, i: int, stage: int, final_stages: set, src: str, dest: str) -> str:
+    """Why the files a COPY at logical[i] (of stage `stage`) brings in never reach the final image
+    ("" when they may): its stage is one the final image does not build on (a builder stage, whose
+    outputs the final one copies), or a later RUN of the same stage removes them."""
+    if stage not in final_stages:
+        return f"only in stage {stage + 1}, which the final image does not build on"
+    target = dest.rstrip("/") + ("/" + Path(src.rstrip("/")).name if dest.endswith("/") else "")
+    for n, line in logical[i + 1:]:
+        if re.match(r"\s*FROM\s", line, re.I):
+            break
+        if m := re.match(r"\s*RUN\s+(.*)$", line, re.I):
+            for rm in re.findall(r"\brm\s+([^;&|]*)", m.group(1)):
+                if any(target == t.rstrip("/") or target.startswith(t.rstrip("/") + "/")
+                       for t in rm.split() if t.startswith("/") and t.rstrip("/")):
+                    return f"line {n} removes them in the same stage"
+    return ""
+
+
+def _refuse_hidden_copies(dockerfile: Path, context: Path, folder: Path, layout: str):
+    """A TaskError for a COPY/ADD of the tests or the solution, which are never in the build context:
+    the build would fail at episode time, and an image holding them would show the agent the tests.
+    A Harbor environment/ folder's own file of such a name is the environment's, and fine. A copy
+    the final image never holds (a builder stage, a later `RUN rm`) gets advice that keeps it working
+    (tests/test_real_tasks.py::
+    test_a_copy_of_tests_the_final_image_never_holds_is_refused_with_advice_that_works)."""
+    logical = _instructions(_text(dockerfile, folder, "the task image's Dockerfile"))
+    froms = [(i, line.split()) for i, (_, line) in enumerate(logical) if re.match(r"\s*FROM\s", line, re.I)]
+    names = {w[3].lower(): k for k, (_, w) in enumerate(froms) if len(w) >= 4 and w[2].lower() == "as"}
+    final_stages, k = set(), len(froms) - 1
+    while k >= 0 and k not in final_stages:  # the last stage and the stages it is built FROM
+        final_stages.add(k)
+        base = next((w for w in froms[k][1][1:] if not w.startswith("--")), "").lower()
+        k = names.get(base, -1)
+    for i, (n, line) in enumerate(logical):
         m = re.match(r"\s*(COPY|ADD)\s+(.*)$", line, re.I)
         if not m or "--from" in m.group(2):
             continue
-        args = m.group(2).strip()
-        try:
-            words = json.loads(args) if args.startswith("[") else None
-        except json.JSONDecodeError:
-            words = None
-        if not isinstance(words, list):
-            words = [w for w in args.split() if not w.startswith("--")]
-        for src in map(str, words[:-1]):
+        words = _copy_words(m.group(2).strip())
+        for src in words[:-1]:
             top = src.removeprefix("./").split("/")[0]
-            if top in HIDDEN_FILES and (layout == "tb1" or not (context / src).exists()):
+            if top not in HIDDEN_FILES or (layout != "tb1" and (context / src).exists()):
+                continue
+            stage = sum(1 for j, _ in froms if j < i) - 1
+            where = f"{dockerfile}:{n}: {line.strip()}"
+            if why := _never_in_final(logical, i, stage, final_stages, src, words[-1]):
+                inner = src.removeprefix("./").split("/", 1)[-1] if "/" in src.strip("/") else src
                 raise TaskError(
-                    f"{dockerfile.name if layout == 'tb1' else 'environment/' + dockerfile.name}:{n}: {line.strip()}: "
-                    f"the tests and the solution are never built into the image (the agent would read them); "
-                    "termrl copies the tests in when it grades and types the solution in for validate: delete this line")
+                    f"{where}: its files never reach the final image ({why}), but the tests and the "
+                    "solution are never in the build context, so this line cannot build. Keep a copy of "
+                    "what it needs "
+                    f"outside {top}/ and COPY that instead: `mkdir -p {context}/build-input && cp -r "
+                    f"{context / src} {context}/build-input/{inner}`, then "
+                    f"`COPY build-input/{inner} {words[-1]}`")
+            raise TaskError(
+                f"{where}: the tests and the solution are never built into the image (the agent would read "
+                "them); termrl copies the tests in when it grades and types the solution in for validate: "
+                "delete this line")
 
 
 def _dockerfile_workdir(dockerfile: Path, folder: Path, default: str = "/app") -> str:
@@ -256,6 +307,8 @@ def _load_tb1(d: Path) -> Task:
         raise TaskError(f"{f}: invalid YAML: {e}") from None
     if not isinstance(meta, dict):
         raise TaskError(f"{f}: expected a mapping with an 'instruction' key")
+    for name in _COMPOSE:  # what termrl cannot run is said before what such a task lacks
+        _single_container(d / name, d)
     instruction = meta.get("instruction")
     if not instruction and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
         instruction = meta["descriptions"][0].get("description")  # older TB1 tasks
@@ -265,8 +318,6 @@ def _load_tb1(d: Path) -> Task:
     dockerfile = _need(d / "Dockerfile", "the task image's Dockerfile")
     safe_files(d, d)  # the build context: all of the folder
     _refuse_hidden_copies(dockerfile, d, d, "tb1")
-    for name in _COMPOSE:
-        _single_container(d / name, d)
     same_shell = meta.get("run_tests_in_same_shell", False)
     if not isinstance(same_shell, bool):
         raise TaskError(f"{f}: run_tests_in_same_shell must be true or false, got {same_shell!r}")
@@ -359,6 +410,11 @@ def _load_tb2(d: Path) -> Task:
         meta = tomllib.loads(_text(f, d, "the task's metadata"))
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{f}: invalid TOML: {e}") from None
+    if "steps" in meta:  # said before what such a task lacks (instruction.md lives in its steps)
+        raise TaskError(f"{f}: a multi-step task ([[steps]]); termrl runs one instruction and one verifier "
+                        "per episode, so the later steps would never be graded")
+    for name in _COMPOSE:
+        _single_container(d / "environment" / name, d)
     instruction = _instruction(_text(d / "instruction.md", d, "the task text the agent sees",
                                      MAX_INSTRUCTION_BYTES), d / "instruction.md")
     sections = {k: meta.get(k, {}) for k in ("verifier", "agent", "environment")}
@@ -366,11 +422,6 @@ def _load_tb2(d: Path) -> Task:
         if not isinstance(v, dict):
             raise TaskError(f"{f}: [{k}] must be a table")
     env = sections["environment"]
-    if "steps" in meta:
-        raise TaskError(f"{f}: a multi-step task ([[steps]]); termrl runs one instruction and one verifier per "
-                        "episode, so the later steps would never be graded")
-    for name in _COMPOSE:
-        _single_container(d / "environment" / name, d)
     variables = env.get("env", {})
     if not (isinstance(variables, dict) and all(isinstance(v, (str, int, float, bool)) for v in variables.values())):
         raise TaskError(f"{f}: [environment.env] must be a table of NAME = \"value\"")
@@ -407,10 +458,15 @@ def load_task(path) -> Task:
     d = Path(path)
     if not d.is_dir():
         raise TaskError(f"{d}: not a directory (expected a task folder with task.yaml or task.toml)")
-    if (d / "task.toml").exists():
-        return _load_tb2(d)
-    if (d / "task.yaml").exists():
-        return _load_tb1(d)
+    try:
+        if (d / "task.toml").exists():
+            return _load_tb2(d)
+        if (d / "task.yaml").exists():
+            return _load_tb1(d)
+    except TaskError as e:  # among a hundred folders, the refusal names its own (tests/test_real_tasks.py)
+        if str(d) not in str(e):
+            raise TaskError(f"{d}: {e}") from None
+        raise
     raise TaskError(f"{d}: neither task.yaml (Terminal-Bench 1.0) nor task.toml (Terminal-Bench 2) found")
 
 

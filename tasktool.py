@@ -10,6 +10,7 @@ import dataclasses
 import fnmatch
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -94,9 +95,20 @@ def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4
         row["status"], row["error"] = "malformed", str(e)
     except BuildError as e:  # the task's own Dockerfile: a defect of the task, with the build log's tail
         row["status"], row["error"] = "build_fails", str(e)
+        if UNREACHABLE.search(str(e)):  # ... unless this machine could not reach a registry or mirror
+            row["status"], row["error"] = "infra_error", (
+                f"this machine could not reach a registry (or the network) while building: {e}; check its "
+                "DNS, proxy and registry access (env.build_network), then validate again")
     except InfraError as e:
         row["status"], row["error"] = "infra_error", str(e)
     return row
+
+
+# What a build prints when the network between this machine and a registry fails (a pull of FROM, or
+# a RUN's download): the machine's fault, not the task's (tests/test_real_tasks.py).
+UNREACHABLE = re.compile(r"dial tcp|no such host|i/o timeout|connection refused|TLS handshake timeout|"
+                         r"Temporary failure (in name resolution|resolving)|Could not resolve host|"
+                         r"network is unreachable|no route to host|Name or service not known", re.I)
 
 
 def _validate_main(args) -> int:

@@ -334,3 +334,82 @@ def test_task_quality_classes_validate_with_their_verdicts(docker_env, tmp_path,
     assert row["status"] == verdict, row
     if verdict == "truth_in_reach":
         assert re.search(r"/opt/answer_truth\.txt|/app/verify\.py|/app/data/records\.csv", row["error"]), row
+
+
+# --- real folders refused for their real reason --------------------------------------------------------
+
+def test_every_refusal_names_the_task_folder(tmp_path):
+    """Bug: a Dockerfile that copies the tests was refused as `Dockerfile:35: COPY run-tests.sh …`,
+    which names no task among a hundred. Every refusal names the folder."""
+    d = _copy("tb1-hello", tmp_path / "copies-tests")
+    (d / "Dockerfile").write_text((d / "Dockerfile").read_text() + "COPY run-tests.sh /run-tests.sh\n")
+    with pytest.raises(T.TaskError, match=rf"^{re.escape(str(d / 'Dockerfile'))}:4: COPY run-tests.sh"):
+        T.load_task(d)
+    d = _copy("tb2-partial", tmp_path / "bad-timeout")
+    toml = (d / "task.toml").read_text()
+    (d / "task.toml").write_text(toml.replace("timeout_sec = 60.0", 'timeout_sec = "x"'))
+    with pytest.raises(T.TaskError, match=rf"^{re.escape(str(d))}"):
+        T.load_task(d)
+
+
+@pytest.mark.parametrize("layout,remove,add,refused", [
+    ("tb2-partial", "instruction.md", ("task.toml+", '[[steps]]\ninstruction = "step 1"\n'), "multi-step"),
+    ("tb2-partial", "environment/Dockerfile", ("environment/docker-compose.yaml", COMPOSE_TWO),
+     "multi-container"),
+    ("tb1-hello", "Dockerfile", ("docker-compose.yaml", COMPOSE_TWO), "multi-container"),
+])
+def test_multi_step_and_multi_container_are_said_before_missing_files(tmp_path, layout, remove, add, refused):
+    """Bug: a Harbor multi-step task (its instructions in [[steps]], no instruction.md) was refused as
+    "instruction.md: missing", a compose task (no Dockerfile of its own) as "Dockerfile: missing"."""
+    d = _copy(layout, tmp_path / layout)
+    (d / remove).unlink()
+    where, text = add
+    if where.endswith("+"):
+        (d / where[:-1]).write_text((d / where[:-1]).read_text() + text)
+    else:
+        (d / where).write_text(text)
+    with pytest.raises(T.TaskError, match=refused):
+        T.load_task(d)
+
+
+# TB1's mnist-learning-fix and pandas-sql-query use files of their tests to build the image, in a stage
+# the final image does not inherit or removed later in the same stage: the agent never sees them.
+BUILDER_STAGE = ("FROM termrl-base:bookworm AS builder\nCOPY tests/gen.py /build/gen.py\n"
+                 "RUN python3 /build/gen.py > /build/data.txt\n"
+                 "FROM termrl-base:bookworm\nWORKDIR /app\n"
+                 "COPY --from=builder /build/data.txt /app/data.txt\n")
+REMOVED = ("FROM termrl-base:bookworm\nWORKDIR /app\nCOPY tests/gen.py /tmp/gen.py\n"
+           "RUN python3 /tmp/gen.py > /app/data.txt\nRUN rm -f /tmp/gen.py\n")
+
+
+@pytest.mark.parametrize("dockerfile,why", [(BUILDER_STAGE, "only in stage 1"), (REMOVED, "line 5 removes")])
+def test_a_copy_of_tests_the_final_image_never_holds_is_refused_with_advice_that_works(docker_env, tmp_path,
+                                                                                     dockerfile, why):
+    """Bug: such a task was refused with "the agent would read them … delete this line", and deleting
+    the line breaks it. The refusal says why the line cannot build (the tests are never in the build
+    context), that the agent would not see them, and what to do; done, the task loads and builds with
+    the data, and its image holds no test file."""
+    d = _copy("tb1-hello", tmp_path / "uses-tests")
+    (d / "tests" / "gen.py").write_text("print('made-from-tests')\n")
+    (d / "Dockerfile").write_text(dockerfile)
+    with pytest.raises(T.TaskError) as e:
+        T.load_task(d)
+    msg = str(e.value)
+    assert msg.startswith(f"{d / 'Dockerfile'}:") and why in msg and "never reach the final image" in msg, msg
+    assert "delete this line" not in msg and "build-input/gen.py" in msg, msg
+    (d / "build-input").mkdir()
+    shutil.copy(d / "tests" / "gen.py", d / "build-input" / "gen.py")
+    (d / "Dockerfile").write_text(dockerfile.replace("COPY tests/gen.py", "COPY build-input/gen.py"))
+    with docker_env.reset(T.load_task(d)) as term:
+        assert term.run("cat /app/data.txt").output == "made-from-tests\n"
+        assert term.run("ls /build/gen.py /tmp/gen.py 2>&1 | grep -c 'No such'").output.strip() in ("1", "2")
+
+
+def test_a_registry_that_cannot_be_reached_is_the_machines_not_the_tasks(docker_env, tmp_path):
+    """Bug: a build whose base image's registry could not be reached was `build_fails`, a defect of the
+    task; it is the machine's (infra_error), as a task's own failing Dockerfile stays build_fails."""
+    d = _copy("tb1-hello", tmp_path / "far-base")
+    far = f"registry-{uuid.uuid4().hex[:8]}.invalid:5000/base/img:1"
+    (d / "Dockerfile").write_text(f"FROM {far}\nWORKDIR /app\n")
+    row = tasktool.validate_task(docker_env, d, k=1)
+    assert row["status"] == "infra_error" and "registry" in row["error"], row
