@@ -23,6 +23,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 import algo
+import logprobs
 import distributed
 
 
@@ -262,17 +263,17 @@ def make_optimizer(model, lr: float, weight_decay: float, betas, warmup: int, to
 
 def model_logprobs(model, input_ids, attention_mask=None, **kw):
     """(lp, entropy) [B,T] of input_ids under `model`: the last hidden states go through the output
-    head in time blocks (algo.linear_token_logprobs, kw = its temperature/top_k/top_p/entropy
+    head in time blocks (logprobs.linear_token_logprobs, kw = its temperature/top_k/top_p/entropy
     arguments), so the [B,T,V] logits are never held. The head is swapped for the duration of the
     call, inside the model's forward, so DDP, FSDP2 and autocast see an ordinary forward."""
     head = distributed.unwrap(model).get_output_embeddings()
     out = {}
     if type(head) is not torch.nn.Linear or head.bias is not None:  # e.g. a LoRA-wrapped head: its own logits
-        return algo.token_logprobs(model(input_ids=input_ids, attention_mask=attention_mask,
+        return logprobs.token_logprobs(model(input_ids=input_ids, attention_mask=attention_mask,
                                          use_cache=False).logits, input_ids, **kw)
 
     def forward(hidden):
-        lp, out["entropy"] = algo.linear_token_logprobs(hidden, head.weight, input_ids, **kw)
+        lp, out["entropy"] = logprobs.linear_token_logprobs(hidden, head.weight, input_ids, **kw)
         return lp
     head.forward = forward
     try:
@@ -439,7 +440,7 @@ def rl_step(model, opt, sched, batch, adv, acfg, tcfg, temperature: float = 1.0,
             top_p: float = 1.0, ref_model=None, keep_old: bool = False) -> dict:
     """One RL optimizer step on `batch` with advantages `adv` (algo.compute_advantages); the rows
     that train, the loss and its denominator come from algo.py. π_θ is the distribution the engine
-    samples from: temperature, top_k, top_p (algo.token_logprobs). `tcfg` is config.TrainConfig
+    samples from: temperature, top_k, top_p (logprobs.token_logprobs). `tcfg` is config.TrainConfig
     (micro_batch_tokens, grad_clip, log_entropy).
 
     π_old is the current weights unless batch.old_logprobs is filled. With `keep_old`, the first

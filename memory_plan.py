@@ -105,7 +105,7 @@ def activation_bytes(s: Shape, tokens: int, c: int, checkpointing: bool) -> int:
     flash attention: no T x T scores), the MLP's input (H), gate, up and their product (4I)
     (counted as Korthikanti et al. 2022, arXiv 2205.05198 §4.1, for a SwiGLU, grouped-query
     layer). Gradient checkpointing keeps each layer's input (H) and recomputes one layer at a
-    time. The output head runs in time blocks of ~2^24 logits (algo.linear_token_logprobs)."""
+    time. The output head runs in time blocks of ~2^24 logits (logprobs.linear_token_logprobs)."""
     per_layer = c * (6 * s.hidden + 4 * s.intermediate + 2 * s.q_dim + 2 * s.kv_dim)
     layers = (s.layers * c * s.hidden + per_layer) * tokens if checkpointing else s.layers * per_layer * tokens
     return layers + tokens * s.hidden * c + 3 * 4 * 2 ** 24  # the final hidden states; a head block's logits, p, grad

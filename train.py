@@ -40,6 +40,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 import algo
+import logprobs
 import difficulty
 from difficulty import step_tasks  # noqa: F401 -- the data order, as tests call it (train.step_tasks)
 import distributed
@@ -80,7 +81,7 @@ def rank_share(items: list, rank: int, world: int) -> tuple[list, int]:
 
 
 def engine_topk_rule(kind: str) -> str:
-    """The rule (algo.topk_rule) this process's engine keeps its top-k / top-p support by: vLLM's
+    """The rule (logprobs.topk_rule) this process's engine keeps its top-k / top-p support by: vLLM's
     sampler masks with its Triton kernel wherever vLLM found Triton usable, else with PyTorch;
     transformers' warpers keep every token tied with the k-th, as vLLM's PyTorch path does."""
     if kind == "hf":
@@ -94,12 +95,12 @@ def check_topk_rule(cfg: Config, rcfg, device: str):
     bf16, where tied logits are common, another rule would bias every π/μ at the edge."""
     if rcfg.top_k <= 0 and rcfg.top_p >= 1.0:
         return
-    engine, trainer = engine_topk_rule(cfg.engine.kind), algo.topk_rule(device)
+    engine, trainer = engine_topk_rule(cfg.engine.kind), logprobs.topk_rule(device)
     if engine != trainer:
         raise SystemExit(f"the engine ({cfg.engine.kind} on {device}) keeps its top-k/top-p support by the "
-                         f"{engine!r} rule and the trainer by {trainer!r} (algo.topk_rule): their log-probs would "
-                         f"differ at every tie. Use engine.kind vllm on the trainer's device, or rollout.top_k: -1 "
-                         f"and rollout.top_p: 1.0")
+                         f"{engine!r} rule and the trainer by {trainer!r} (logprobs.topk_rule): their log-probs "
+                         f"would differ at every tie. Use engine.kind vllm on the trainer's device, "
+                         f"or rollout.top_k: -1 and rollout.top_p: 1.0")
 
 
 def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):

@@ -21,10 +21,10 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 def row_logprob(model, batch):
     import torch
-    import algo
+    import logprobs
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        lp, _ = algo.token_logprobs(logits, batch.input_ids)
+        lp, _ = logprobs.token_logprobs(logits, batch.input_ids)
     return (lp * batch.loss_mask).sum(1)
 
 

@@ -4,9 +4,9 @@
     python bench/bench_logprobs.py --T 4096 --modes full chunked
 
 B x T x V = 1 x T x 151936 (Qwen3's vocabulary) with a 1-layer, 64-wide Qwen3 so the output head
-dominates. "full": model(...).logits then algo.token_logprobs (what learner.optimizer_step did: [B,T,V]
+dominates. "full": model(...).logits then logprobs.token_logprobs (what learner.optimizer_step did: [B,T,V]
 logits plus the blocks autograd keeps for backward). "chunked": learner.model_logprobs (hidden states
-through the head in checkpointed time blocks, algo.linear_token_logprobs). Each case runs in a
+through the head in checkpointed time blocks, logprobs.linear_token_logprobs). Each case runs in a
 fresh process; peak = the process's max RSS minus its RSS just before the forward.
 """
 import argparse
@@ -30,7 +30,7 @@ def rss_mb() -> float:
 def one(mode: str, T: int, V: int, bf16: bool) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
-    import algo
+    import logprobs
     import learner
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -43,7 +43,7 @@ def one(mode: str, T: int, V: int, bf16: bool) -> dict:
     base = rss_mb()
     t0 = time.perf_counter()
     if mode == "full":
-        lp, _ = algo.token_logprobs(model(input_ids=ids, use_cache=False).logits, ids)
+        lp, _ = logprobs.token_logprobs(model(input_ids=ids, use_cache=False).logits, ids)
     else:
         lp, _ = learner.model_logprobs(model, ids)
     lp.sum().backward()

@@ -11,7 +11,7 @@ Prints PASS / FAIL / SKIP per item with its figures (a SKIP says why); exits 1 i
   async         two weight updates while turns generate: each turn restarts on the new weights,
                 carries their version, and its log-probs are theirs; scoring meanwhile loses nothing
   top-k         sampled at top-k / top-p: the trainer's log-probs (learner.model_logprobs, by the rule
-                algo.topk_rule names for this device) equal the engine's token by token; the tokens
+                logprobs.topk_rule names for this device) equal the engine's token by token; the tokens
                 whose step had logits tied at the k-th value are counted
   graph         an engine with CUDA graphs (enforce_eager false) gives the eager engine's greedy
                 output and log-probs
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import algo  # noqa: E402
+import logprobs  # noqa: E402
 import config  # noqa: E402
 import learner  # noqa: E402
 import memory_plan  # noqa: E402
@@ -54,7 +54,7 @@ def report(item: str, status: str, figures: str):
 def hf_logprobs(model, seq, device):
     ids = torch.tensor([seq], device=device)
     with torch.no_grad():
-        return algo.token_logprobs(model(input_ids=ids).logits, ids)[0][0].float().cpu()
+        return logprobs.token_logprobs(model(input_ids=ids).logits, ids)[0][0].float().cpu()
 
 
 def perturbed(model, seed):
@@ -165,7 +165,7 @@ def main():
         report("async", "PASS" if all(o for o, _ in figures) else "FAIL", "; ".join(f for _, f in figures))
 
     def top_k():
-        rule, engine_rule = algo.topk_rule(dev), train.engine_topk_rule("vllm")
+        rule, engine_rule = logprobs.topk_rule(dev), train.engine_topk_rule("vllm")
         gaps, tokens, tied = [], 0, 0
         for i, (temp, k, p) in enumerate([(1.0, 20, 1.0), (0.8, 50, 0.9), (1.0, -1, 0.7)]):
             prompts = [list(range(40 + 7 * j, 70 + 7 * j)) for j in range(4)]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import algo
+import logprobs
 import config
 import learner
 from algo import AlgoConfig, Batch
@@ -118,7 +119,7 @@ def test_token_logprobs_alignment_entropy_and_temperature():
     B, T, V, tau = 2, 5, 6, 0.7
     logits = torch.randn(B, T, V)
     ids = torch.randint(0, V, (B, T))
-    lp, ent = algo.token_logprobs(logits, ids, temperature=tau, with_entropy=True, block_size=2)
+    lp, ent = logprobs.token_logprobs(logits, ids, temperature=tau, with_entropy=True, block_size=2)
     for b in range(B):
         assert lp[b, 0] == 0 and ent[b, 0] == 0
         for t in range(1, T):
@@ -132,12 +133,12 @@ def test_token_logprobs_gradient_and_bf16():
     torch.manual_seed(0)
     logits = torch.randn(2, 4, 5, requires_grad=True)
     ids = torch.randint(0, 5, (2, 4))
-    assert torch.autograd.gradcheck(lambda x: algo.token_logprobs(x, ids, 1.3, block_size=3)[0], (logits,))
+    assert torch.autograd.gradcheck(lambda x: logprobs.token_logprobs(x, ids, 1.3, block_size=3)[0], (logits,))
     assert torch.autograd.gradcheck(
-        lambda x: algo.token_logprobs(x, ids, with_entropy=True, entropy_grad=True)[1], (logits,))
-    lp16, _ = algo.token_logprobs(logits.detach().bfloat16(), ids)
+        lambda x: logprobs.token_logprobs(x, ids, with_entropy=True, entropy_grad=True)[1], (logits,))
+    lp16, _ = logprobs.token_logprobs(logits.detach().bfloat16(), ids)
     assert lp16.dtype == torch.float32
-    assert torch.allclose(lp16.double(), algo.token_logprobs(logits.detach(), ids)[0], atol=0.05)
+    assert torch.allclose(lp16.double(), logprobs.token_logprobs(logits.detach(), ids)[0], atol=0.05)
 
 
 # ------------------------------------------------------------------------------------------
@@ -515,7 +516,7 @@ def test_ipa_gradient_is_reinforce_weighted_by_chunk_returns_when_on_policy():
     b = build_batch(["paaoaaoa", "paaaoa", "paoaaa", "ppaa"], [1.0, 0.0, 1.0, 0.0], groups=[0, 0, 1, 1])
     pol = TinyPolicy()
     cfg = AlgoConfig(gamma=0.8, agg="token_mean", mismatch="none")  # baseline none, failures -> -1
-    lp, _ = algo.token_logprobs(pol(b.input_ids), b.input_ids)
+    lp, _ = logprobs.token_logprobs(pol(b.input_ids), b.input_ids)
     b.old_logprobs = lp.detach()  # ρ = 1
     adv = algo.compute_advantages(b, cfg)
     g_ipa = grads(pol, algo.policy_loss(lp, b, adv, cfg)[0])
@@ -628,11 +629,11 @@ def test_micro_batches_add_up_to_the_full_batch(agg):
     cfg = AlgoConfig(agg=agg, filter_zero_variance=True, max_filtered_share=0.5, max_negative_tokens=7,
                      entropy_coef=0.01, norm_length=16)
     with torch.no_grad():
-        b.old_logprobs = algo.token_logprobs(pol(b.input_ids), b.input_ids)[0] - 0.1 * b.loss_mask
+        b.old_logprobs = logprobs.token_logprobs(pol(b.input_ids), b.input_ids)[0] - 0.1 * b.loss_mask
     b.infer_logprobs = b.old_logprobs.clone()
     b.infer_logprobs[4, 5] -= 5.0                      # one chunk masked by mismatch
     adv = algo.compute_advantages(b, cfg)
-    lp, ent = algo.token_logprobs(pol(b.input_ids), b.input_ids, with_entropy=True, entropy_grad=True)
+    lp, ent = logprobs.token_logprobs(pol(b.input_ids), b.input_ids, with_entropy=True, entropy_grad=True)
     full, fm, _ = algo.policy_loss(lp, b, adv, cfg, entropy=ent)
     g_full = grads(pol, full)
     assert fm["filtered_group_share"] == pytest.approx(1 / 3)  # group 1 is all failures
@@ -644,7 +645,7 @@ def test_micro_batches_add_up_to_the_full_batch(agg):
     pol.zero_grad()
     for idx in [[0, 2, 4], [1, 3, 5]]:                 # groups split across micro-batches
         mb, ex = learner.select_rows(b, idx, {"adv": adv})
-        lp, ent = algo.token_logprobs(pol(mb.input_ids), mb.input_ids, with_entropy=True, entropy_grad=True)
+        lp, ent = logprobs.token_logprobs(pol(mb.input_ids), mb.input_ids, with_entropy=True, entropy_grad=True)
         loss, _, mask = algo.policy_loss(lp, mb, ex["adv"], cfg, entropy=ent, keep=keep[idx], denominator=1.0)
         loss.backward()
         total += loss.item()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import algo
+import logprobs
 from algo import AlgoConfig, Batch
 
 
@@ -67,13 +68,13 @@ def train(cfg, steps=40, groups=8, group_size=8, prefill_share=0.0, lr=LR, seed=
             tokens[prefill, :2] = torch.tensor(TARGET[:2])
             ids = torch.zeros(B, T, dtype=torch.long)
             ids[:, SAMPLED] = tokens
-            lp_sampling, _ = algo.token_logprobs(policy_logits(table, B), ids)
+            lp_sampling, _ = logprobs.token_logprobs(policy_logits(table, B), ids)
         batch = make_batch(tokens, lp_sampling, gid, prefill, gen)
         history.append(batch.reward[~prefill].mean().item())
         batch.old_logprobs = lp_sampling
         adv = algo.compute_advantages(batch, cfg)
         for _ in range(2):
-            lp, ent = algo.token_logprobs(policy_logits(table, B), batch.input_ids, with_entropy=True)
+            lp, ent = logprobs.token_logprobs(policy_logits(table, B), batch.input_ids, with_entropy=True)
             loss, metrics, _ = algo.policy_loss(lp, batch, adv, cfg, entropy=ent)
             grad, = torch.autograd.grad(loss, table)
             with torch.no_grad():  # plain SGD: torch.optim's first use imports torch._dynamo (seconds)

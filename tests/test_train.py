@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import algo
+import logprobs
 import distributed
 import config
 import learner
@@ -177,8 +178,9 @@ def test_rows_with_zero_gradient_are_skipped_and_the_update_is_unchanged(tiny_mo
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
             m = learner.rl_step(model, opt, sched, batch, algo.compute_advantages(batch, acfg), acfg, cfg.train)
         else:  # the reference: every row in one forward
-            lp, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                              use_cache=False).logits, batch.input_ids)
+            lp, _ = logprobs.token_logprobs(model(input_ids=batch.input_ids,
+                                                  attention_mask=batch.attention_mask,
+                                                  use_cache=False).logits, batch.input_ids)
             loss, ref, _ = algo.policy_loss(lp, batch, algo.compute_advantages(batch, acfg), acfg)
             loss.backward()
             opt.step()
@@ -204,8 +206,9 @@ def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir)
     batch = _synthetic_batch(model.config.vocab_size)
     pieces = learner.policy_logprobs(model, batch, cfg.train.micro_batch_tokens)
     with torch.no_grad():
-        whole, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                             use_cache=False).logits, batch.input_ids)
+        whole, _ = logprobs.token_logprobs(model(input_ids=batch.input_ids,
+                                                 attention_mask=batch.attention_mask,
+                                                 use_cache=False).logits, batch.input_ids)
     m = batch.attention_mask.bool()
     torch.testing.assert_close(pieces[m], whole[m], rtol=1e-4, atol=1e-5)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -344,8 +347,8 @@ def test_kl_term_is_k3_to_model_path_weights(tiny_model_dir, lora):
 
     def lp_of(m):
         with torch.no_grad():
-            return algo.token_logprobs(m(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                         use_cache=False).logits, batch.input_ids)[0]
+            return logprobs.token_logprobs(m(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                             use_cache=False).logits, batch.input_ids)[0]
     want_ref, lp = lp_of(AutoModelForCausalLM.from_pretrained(tiny_model_dir)), lp_of(model)
     mask = batch.attention_mask.bool()
     torch.testing.assert_close(batch.ref_logprobs[mask], want_ref[mask], rtol=1e-5, atol=1e-5)
@@ -392,8 +395,9 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
                               group_size=1, progress=False)
     batch = rollout.make_batch(val, tok.pad_token_id)
     with torch.no_grad():
-        lp, _ = algo.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
-                                    batch.input_ids, temperature=rcfg.temperature)
+        lp, _ = logprobs.token_logprobs(model(input_ids=batch.input_ids,
+                                              attention_mask=batch.attention_mask).logits,
+                                        batch.input_ids, temperature=rcfg.temperature)
     per_traj = (lp * batch.loss_mask).sum(1).double()
     assert probs[5] == pytest.approx(per_traj.exp().mean().item(), rel=1e-3)
     assert recs[5]["val_nll"] == pytest.approx((-per_traj.sum() / batch.loss_mask.sum()).item(), rel=1e-4)
@@ -593,7 +597,7 @@ def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vll
             policy.load_lora(None, 0)
     seq = torch.tensor([prompt + c.token_ids])
     with torch.no_grad():
-        lp, _ = algo.token_logprobs(model(input_ids=seq).logits, seq)
+        lp, _ = logprobs.token_logprobs(model(input_ids=seq).logits, seq)
     gap = (lp[0, len(prompt):] - torch.tensor(c.logprobs)).abs().max().item()
     assert gap < 5e-5, gap  # tests/test_rollout.py's TOL: one stale layer would exceed it
 

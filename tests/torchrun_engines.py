@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import algo  # noqa: E402
+import logprobs  # noqa: E402
 import config  # noqa: E402
 import distributed  # noqa: E402
 from engines import Sampling  # noqa: E402
@@ -26,7 +26,8 @@ import train  # noqa: E402
 
 def main(model_path: str, out: str):
     cfg = config.load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml",
-                             [f"model.path={model_path}", "model.build_tiny=false", "engine.max_model_len=256"])
+                             [f"model.path={model_path}", "model.build_tiny=false",
+                              "engine.max_model_len=256"])
     rank, world = distributed.init_distributed("cpu", cfg.train.collective_timeout_min)
     engine = train.make_engine(cfg, model_path, "cpu")
     placement = engine.placement()
@@ -42,7 +43,7 @@ def main(model_path: str, out: str):
     comp = engine.generate([prompt], Sampling(temperature=1.0, max_tokens=12, seed=7))[0]
     seq = prompt + comp.token_ids
     with torch.no_grad():
-        lp, _ = algo.token_logprobs(model(input_ids=torch.tensor([seq])).logits, torch.tensor([seq]))
+        lp, _ = logprobs.token_logprobs(model(input_ids=torch.tensor([seq])).logits, torch.tensor([seq]))
     everyone = distributed.gather((seq, lp[0].tolist()), world)  # every rank's sequence + trainer log-probs
     # the engine against each rank's trainer: its own must match, the other's (other weights) must not
     gaps = [sync_check(engine, [s], [torch.tensor(t)])["sync/max_abs_logprob_gap"] for s, t in everyone]

