@@ -5,23 +5,46 @@ beats token-level training (its Fig. 10: "ipa" against "ipa-token", and against 
 starting episodes from expert chunks speeds learning (its Fig. 13: "ipa-prefill"); "ipa-filter"
 adds online difficulty filtering (train.filter_window).
 
-    python bench/compare_algos.py                            # configs/tiny.yaml, seeds 0 1 2, 3 variants
+    python bench/compare_algos.py                      # configs/tiny.yaml, seeds 0 1 2, 3 variants
     python bench/compare_algos.py --seeds 0 --set train.steps=2 --set eval.num_tasks=4   # a smoke test
-    python bench/compare_algos.py --config configs/smollm2-multistep.yaml --variants ipa ipa-token ipa-prefill ipa-filter grpo
-    python bench/compare_algos.py --variants ipa --variant lr-high=train.lr=5e-3,algo.gamma=0.9   # ipa, then yours
-    python bench/compare_algos.py --no-run                   # only summarise the runs already there
+    python bench/compare_algos.py --config configs/smollm2-multistep.yaml \
+        --variants ipa ipa-token ipa-prefill ipa-filter grpo --sft-more 80
+    python bench/compare_algos.py --variants ipa --variant lr-high=train.lr=5e-3,algo.gamma=0.9  # then yours
+    python bench/compare_algos.py --no-run             # only summarise the runs already there
 
 Each variant is `--set` overrides on top of --config: a built-in one (VARIANTS) or your own,
 `--variant NAME=key=val,key=val` (repeatable). Everything else (model, SFT warm start, lr, steps,
 tasks, eval) is the config's, identical across variants. The table ends with a line per variant
 naming the keys where it differs from the reference (`--reference`, default the first variant).
-Variants run in the order given, seeds in increasing order. Runs go to the config's out_dir under
-run_name <run_name>-<variant>-seed<S>; a comparison that was stopped picks up where it was: a
-finished run (summary.txt, its last checkpoint at train.steps) is summarised, an unfinished one
-resumed with train.py --resume, a missing one run.
+Seeds run in increasing order, and within a seed: its SFT run, the variants in the order given,
+then the control; so a comparison stopped early has whole seeds.
+
+Branching (when the config has SFT, sft.steps > 0): SFT runs once a seed, as run_name
+<run_name>-sft<sft.steps>-seed<S> with train.steps=0 (its step-0 eval is the SFT-only policy's).
+Each variant <run_name>-<variant>-seed<S> starts as a copy of that run's step-0 checkpoint (the
+weights and SFT's AdamW state, hard links) and the logs as they were when it was saved, then
+train.py --resume runs it under the variant's config: the RL phase an unbroken run of that config
+would have, from one shared SFT. A variant may not change sft.*, model.* or data.* keys: those
+would need an SFT of its own (--no-branch runs each variant's own SFT, as train.py alone does).
+
+The control (--sft-more N): N more SFT steps from the same step-0 checkpoint (model.path set to
+its model/; a fresh AdamW with sft.lr's warmup and cosine), no RL, then the held-out eval:
+<run_name>-sftmore<N>-seed<S>. It is the row that asks whether RL's extra compute beats the same
+compute spent on more SFT.
+
+Every run goes to the config's out_dir; a comparison that was stopped (killed at any point) picks
+up where it was: a finished run (summary.txt, its last checkpoint at train.steps) is summarised,
+an unfinished one resumed with train.py --resume, a missing one branched (or run). The tables: held-
+out success by RL step (mean ± sd), then at the final eval per row (SFT-only, each variant, the
+control): each seed, mean, sd, and the paired per-seed difference to the SFT-only policy and to the
+reference with its 95% t-interval over seeds; success by kind and turns per episode.
 """
 import argparse
+import collections
+import json
+import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,13 +66,17 @@ VARIANTS = {
     "grpo": ["algo.loss=ppo", "algo.baseline=grpo", "algo.std_normalize=true", "algo.negative_reward=0.0",
              "algo.gamma=1.0", "algo.mismatch=token_tis", "algo.agg=token_mean", "rollout.prefill_prob=0.0"],
     "ipa": ["algo.loss=ipa", "rollout.prefill_prob=0.0"],
-    "ipa-token": ["algo.loss=ipa", "rollout.prefill_prob=0.0", "algo.level=token"],  # token ratios, masks, credit
+    # token ratios, masks and credit
+    "ipa-token": ["algo.loss=ipa", "rollout.prefill_prob=0.0", "algo.level=token"],
     "ipa-prefill": ["algo.loss=ipa", "rollout.prefill_prob=0.5"],
     "ipa-prefill-refresh": ["algo.loss=ipa", "rollout.prefill_prob=0.5", "rollout.refresh_expert=true"],
     "ipa-filter": ["algo.loss=ipa", "rollout.prefill_prob=0.0", "train.filter_window=4"],
 }
 DEFAULT_VARIANTS = ["grpo", "ipa", "ipa-prefill"]
 IGNORED = ("run_name", "out_dir", "seed", "rollout.seed")  # what differs between any two runs by design
+SFT_KEYS = ("sft.", "model.", "data.")  # a variant that sets one of these needs an SFT of its own
+# two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1); the normal's past 10
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -57,7 +84,8 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     `key=`, so a value may hold commas (`train.adam_betas=[0.9,0.99]`)."""
     name, sep, sets = text.partition("=")
     if not sep or not re.fullmatch(r"[\w.-]+", name) or not sets:
-        raise ValueError(f"--variant {text!r}: expected NAME=key=val[,key=val...], e.g. lr-high=train.lr=5e-3")
+        raise ValueError(f"--variant {text!r}: expected NAME=key=val[,key=val...], "
+                         f"e.g. lr-high=train.lr=5e-3")
     pairs = re.split(r",(?=\s*[\w.]+=)", sets)
     if bad := [p for p in pairs if "=" not in p]:
         raise ValueError(f"--variant {text!r}: {bad[0]!r} is not key=val")
@@ -84,8 +112,8 @@ def resolved(cfg) -> dict:
 def differences(used: dict, reference: str) -> dict:
     """Per variant, [(key, its value, the reference's)] where they differ, in key order."""
     ref = used[reference]
-    return {name: [(k, u.get(k), ref.get(k)) for k in sorted(set(u) | set(ref)) if repr(u.get(k)) != repr(ref.get(k))]
-            for name, u in used.items()}
+    return {name: [(k, u.get(k), ref.get(k)) for k in sorted(set(u) | set(ref))
+                   if repr(u.get(k)) != repr(ref.get(k))] for name, u in used.items()}
 
 
 def diff_lines(used: dict, reference: str) -> list[str]:
@@ -112,6 +140,102 @@ def run_action(run_dir: Path, steps: int) -> str:
         latest = None
     done = latest is not None and int(latest.name.split("_")[1]) >= steps
     return "summarise" if done and (run_dir / "summary.txt").exists() else "resume"
+
+
+def branch(sft_dir: Path, run_dir: Path):
+    """run_dir as train.py would leave it at the SFT-only start, from the finished SFT run sft_dir:
+    its step-0 checkpoint (hard links: checkpoints are written whole and renamed, never changed in
+    place) and its logs as they were when that checkpoint was saved, which --resume checks. Built
+    beside run_dir and renamed into place, so a kill leaves either nothing or the whole branch."""
+    ck = sft_dir / "checkpoints" / "step_000000"
+    meta = json.loads((ck / "meta.json").read_text())
+    tmp = run_dir.with_name(f".{run_dir.name}.branch")
+    shutil.rmtree(tmp, ignore_errors=True)  # a branch cut short by a kill
+    shutil.copytree(ck, tmp / "checkpoints" / ck.name, copy_function=os.link)
+    (tmp / "checkpoints" / "latest").write_text(ck.name + "\n")
+    for name, rec in meta.get("logs", {}).items():
+        size = rec if isinstance(rec, int) else rec["size"]
+        with open(sft_dir / name, "rb") as src, open(tmp / name, "wb") as dst:
+            dst.write(src.read(size))
+    os.rename(tmp, run_dir)
+
+
+def train(sets: list, config_path: str, run_dir: Path, steps: int, no_run: bool, sft_dir: Path | None = None):
+    """Bring one run to its end: summarise a finished one, resume a stopped one, branch a missing
+    one from sft_dir's SFT-only start (when given) or run it."""
+    action = run_action(run_dir, steps)
+    if action != "summarise" and no_run:
+        raise SystemExit(f"{run_dir}: {'not there' if action == 'run' else 'unfinished'}: "
+                         f"run without --no-run first")
+    if action == "summarise":
+        print(f"{run_dir}: finished, summarised", flush=True)
+        return
+    if action == "run" and sft_dir is not None:
+        if run_dir.exists():  # only a lock: no run was written yet
+            shutil.rmtree(run_dir)
+        branch(sft_dir, run_dir)
+        print(f"{run_dir}: branched from {sft_dir}/checkpoints/step_000000", flush=True)
+        action = "resume"
+    cmd = [sys.executable, str(ROOT / "train.py"), "--config", config_path] + [
+        a for kv in sets for a in ("--set", kv)] + (["--resume"] if action == "resume" else [])
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def final_eval(run_dir: Path) -> dict:
+    """The run's last held-out eval: success (metrics.jsonl), and from its episodes (the valid ones
+    of eval_trajectories.jsonl at that step's policy version) [passed, episodes] by task kind (the
+    task name's last part) and the turns of each episode."""
+    evals = held_out(run_dir)["evals"]
+    step = max(evals)
+    kinds, turns = collections.defaultdict(lambda: [0, 0]), []
+    path = run_dir / "eval_trajectories.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        e = json.loads(line) if line.strip() else None
+        if e and e["valid"] and e["policy_version"] == step:
+            k = kinds[e["task_name"].rsplit("-", 1)[-1]]
+            k[0], k[1] = k[0] + (e["reward"] > 0), k[1] + 1
+            turns.append(e["num_turns"])
+    return {"step": step, "success": evals[step], "kinds": dict(kinds), "turns": turns}
+
+
+def paired(xs: list, refs: list) -> str:
+    """Mean per-seed difference xs - refs in points with its 95% t-interval over the seeds."""
+    d = [100 * (x - r) for x, r in zip(xs, refs)]
+    if len(d) < 2:
+        return f"{d[0]:+.1f}" if d else "-"
+    half = T975.get(len(d) - 1, 1.96) * statistics.stdev(d) / len(d) ** 0.5
+    return f"{statistics.mean(d):+.1f} [{statistics.mean(d) - half:+.1f}, {statistics.mean(d) + half:+.1f}]"
+
+
+def final_table(finals: dict, seeds: list, reference: str | None) -> str:
+    """Markdown: a row per policy (name -> {seed: final_eval}) at its final eval: each seed, mean,
+    sd, the paired difference to the SFT-only row and to the reference, mean turns; then success
+    by kind, passed/episodes over all seeds."""
+    base = "SFT-only" if "SFT-only" in finals else None
+    cols = [c for c in (base, reference) if c]
+    head = ["", *[f"seed {s}" for s in seeds], "mean", "sd", *[f"Δ vs {c} (95% CI)" for c in cols], "turns"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for name, runs in finals.items():
+        xs = [runs[s]["success"] if s in runs else None for s in seeds]
+        got = [x for x in xs if x is not None]
+        sd = statistics.stdev(got) if len(got) > 1 else 0.0
+        diffs = []
+        for c in cols:
+            common = [s for s in seeds if s in runs and s in finals[c]]
+            diffs.append("" if c == name else paired([runs[s]["success"] for s in common],
+                                                     [finals[c][s]["success"] for s in common]))
+        turns = [t for r in runs.values() for t in r["turns"]]
+        lines.append(f"| {name} | " + " | ".join("-" if x is None else f"{x:.1%}" for x in xs)
+                     + f" | {statistics.mean(got):.1%} | {100 * sd:.1f} | " + " | ".join(diffs)
+                     + f" | {statistics.mean(turns) if turns else 0:.2f} |")
+    kinds = sorted({k for runs in finals.values() for r in runs.values() for k in r["kinds"]})
+    lines += ["", "| kind | " + " | ".join(finals) + " |", "|---|" + "---:|" * len(finals)]
+    for k in kinds:
+        cells = [f"{sum(r['kinds'].get(k, [0, 0])[0] for r in runs.values())}/"
+                 f"{sum(r['kinds'].get(k, [0, 0])[1] for r in runs.values())}" for runs in finals.values()]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(curves: dict) -> str:
@@ -146,7 +270,8 @@ def plot(curves: dict, out: Path) -> str:
         ax.fill_between(steps, [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)],
                         color=line.get_color(), alpha=0.15)
         for evals in runs:
-            ax.plot(sorted(evals), [evals[s] for s in sorted(evals)], color=line.get_color(), alpha=0.25, lw=0.8)
+            ax.plot(sorted(evals), [evals[s] for s in sorted(evals)], color=line.get_color(), alpha=0.25,
+                    lw=0.8)
     ax.set_xlabel("RL step")
     ax.set_ylabel("held-out success")
     ax.set_ylim(-0.02, 1.02)
@@ -166,18 +291,81 @@ def main(argv=None):
                          f"(default: {' '.join(DEFAULT_VARIANTS)}); every --variant runs too, after them")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VAL[,KEY=VAL]",
                     help="a variant of your own: --set overrides on top of --config (repeatable)")
-    ap.add_argument("--reference", default=None, help="the variant the others are compared with (default: the first)")
+    ap.add_argument("--reference", default=None,
+                    help="the variant the others are compared with (default: the first)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="passed on to train.py for every variant (e.g. a shorter budget)")
-    ap.add_argument("--out", default=None, help="where the table and PNG go (default: runs/compare-<run_name>)")
+    ap.add_argument("--out", default=None,
+                    help="where the table and PNG go (default: runs/compare-<run_name>)")
     ap.add_argument("--no-run", action="store_true", help="summarise existing runs only")
+    ap.add_argument("--sft-more", type=int, default=0, metavar="N",
+                    help="the control: N more SFT steps from each seed's SFT-only checkpoint, no RL "
+                         "(0: none)")
+    ap.add_argument("--no-branch", action="store_true",
+                    help="each variant runs its own SFT (train.py alone) instead of branching from "
+                         "one a seed")
     args = ap.parse_args(argv)
+    names, variants, reference = pick_variants(args)
+    seeds = sorted(set(args.seeds))
+    args.config = str(Path(args.config).resolve())  # train.py runs from the repository root
+    base = config.load_config(args.config, args.set)
+    branching = base.sft.steps > 0 and not args.no_branch
+    if bad := [(n, kv) for n in names for kv in variants[n] if branching and kv.startswith(SFT_KEYS)]:
+        raise SystemExit(f"variant {bad[0][0]} sets {bad[0][1]}: a key of the SFT phase, which every variant "
+                         f"shares when it branches from one SFT a seed; pass --no-branch to run its own SFT")
+    if args.sft_more and not branching:
+        raise SystemExit("--sft-more continues a seed's SFT checkpoint: it needs sft.steps > 0 and branching")
+    out = Path(args.out or ROOT / "runs" / f"compare-{base.run_name}")
+    curves, used = {n: [] for n in names}, {}
+    control = f"sft-more {args.sft_more}"
+    finals = {**({"SFT-only": {}} if branching else {}), **{n: {} for n in names},
+              **({control: {}} if args.sft_more else {})}
+    for seed in seeds:
+        sft_dir = None
+        if branching:  # the seed's one SFT, and its SFT-only policy's eval (train.steps=0: the step-0 eval)
+            sets = args.set + [f"seed={seed}", "train.steps=0",
+                               f"run_name={base.run_name}-sft{base.sft.steps}-seed{seed}"]
+            sft_dir = ROOT / config.load_config(args.config, sets).out_dir
+            if not (args.no_run and run_action(sft_dir, 0) != "summarise"):  # --no-run: the row only if there
+                train(sets, args.config, sft_dir, 0, args.no_run)
+                finals["SFT-only"][seed] = final_eval(sft_dir)
+        for name in names:
+            # the run's own keys go last: the variant's keys and the seed are what differ
+            sets = args.set + variants[name] + [f"seed={seed}", f"run_name={base.run_name}-{name}-seed{seed}"]
+            try:
+                cfg = config.load_config(args.config, sets)  # a bad override fails here, before any run
+            except config.ConfigError as e:
+                raise SystemExit(f"variant {name}: {e}")
+            used.setdefault(name, resolved(cfg))
+            run_dir = ROOT / cfg.out_dir
+            train(sets, args.config, run_dir, cfg.train.steps, args.no_run, sft_dir)
+            evals = held_out(run_dir)["evals"]
+            if not evals:
+                raise SystemExit(f"{run_dir}: no eval logged (set eval.every or eval.at_start, "
+                                 f"and data.eval_tasks)")
+            curves[name].append(evals)
+            finals[name][seed] = final_eval(run_dir)
+        if args.sft_more:
+            # the same SFT recipe from the SFT-only checkpoint's weights, all N steps (no early stop)
+            sets = args.set + [f"seed={seed}", "train.steps=0", f"sft.steps={args.sft_more}",
+                               "sft.stop_at_val_prob=0",
+                               f"model.path={sft_dir / 'checkpoints' / 'step_000000' / 'model'}",
+                               f"run_name={base.run_name}-sftmore{args.sft_more}-seed{seed}"]
+            run_dir = ROOT / config.load_config(args.config, sets).out_dir
+            train(sets, args.config, run_dir, 0, args.no_run)
+            finals[control][seed] = final_eval(run_dir)
+    write_tables(args, out, seeds, curves, used, finals, reference, control)
+
+
+def pick_variants(args) -> tuple[list, dict, str]:
+    """(the variants to run in order, every variant's overrides by name, the reference)."""
     variants = dict(VARIANTS)
     try:
         for text in args.variant:
             name, sets = parse_variant(text)
             if name in variants:
-                raise ValueError(f"--variant {name}: that name is taken ({' '.join(variants[name])}); choose another")
+                raise ValueError(f"--variant {name}: that name is taken ({' '.join(variants[name])}); "
+                                 f"choose another")
             variants[name] = sets
     except ValueError as e:
         raise SystemExit(str(e))
@@ -189,41 +377,22 @@ def main(argv=None):
     reference = args.reference or names[0]
     if reference not in names:
         raise SystemExit(f"--reference {reference!r} is not among the variants run ({' '.join(names)})")
-    seeds = sorted(set(args.seeds))
-    args.config = str(Path(args.config).resolve())  # train.py runs from the repository root
-    base = config.load_config(args.config, args.set)
-    out = Path(args.out or ROOT / "runs" / f"compare-{base.run_name}")
-    curves, used = {}, {}
-    for name in names:
-        curves[name] = []
-        for seed in seeds:
-            # the run's own keys go last: the variant's keys and the seed are what differ
-            sets = args.set + variants[name] + [f"seed={seed}", f"run_name={base.run_name}-{name}-seed{seed}"]
-            try:
-                cfg = config.load_config(args.config, sets)  # a bad override fails here, before any run
-            except config.ConfigError as e:
-                raise SystemExit(f"variant {name}: {e}")
-            used.setdefault(name, resolved(cfg))
-            run_dir = ROOT / cfg.out_dir
-            action = run_action(run_dir, cfg.train.steps)
-            if action != "summarise" and args.no_run:
-                raise SystemExit(f"{run_dir}: {'not there' if action == 'run' else 'unfinished'}: run without --no-run first")
-            if action != "summarise":
-                cmd = [sys.executable, str(ROOT / "train.py"), "--config", args.config] + [
-                    a for kv in sets for a in ("--set", kv)] + (["--resume"] if action == "resume" else [])
-                print("$", " ".join(cmd), flush=True)
-                subprocess.run(cmd, check=True, cwd=ROOT)
-            else:
-                print(f"{run_dir}: finished, summarised", flush=True)
-            evals = held_out(run_dir)["evals"]
-            if not evals:
-                raise SystemExit(f"{run_dir}: no eval logged (set eval.every or eval.at_start, and data.eval_tasks)")
-            curves[name].append(evals)
+    return names, variants, reference
+
+
+def write_tables(args, out: Path, seeds: list, curves: dict, used: dict, finals: dict, reference: str,
+                 control: str):
+    """compare.md (printed too) and compare.png."""
     out.mkdir(parents=True, exist_ok=True)
+    finals = {name: runs for name, runs in finals.items() if runs}  # --no-run: an SFT run not there
     differ = sorted({k for diffs in differences(used, reference).values() for k, _, _ in diffs})
     md = [f"Held-out success (mean ± sd over seeds {seeds}) by RL step; config {args.config}"
           + (f" with {' '.join(args.set)}" if args.set else "") + ".", "", table(curves), "",
-          f"Where each variant differs from {reference}:", "", *diff_lines(used, reference), "",
+          "At each row's final eval (SFT-only: the seed's SFT run at step 0; the differences are paired by "
+          "seed, in points):", "", final_table(finals, seeds, reference), "",
+          f"Where each variant differs from {reference}:", "", *diff_lines(used, reference),
+          *([f"- **{control}**: {args.sft_more} more SFT steps from the seed's SFT-only checkpoint, no RL"]
+            if control in finals else []), "",
           "Keys that differ between the variants:", "",
           "| key | " + " | ".join(used) + " |", "|---|" + "---|" * len(used)]
     md += [f"| {k} | " + " | ".join(str(u.get(k)) for u in used.values()) + " |" for k in differ]

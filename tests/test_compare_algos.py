@@ -1,13 +1,18 @@
-"""bench/compare_algos.py's own parts, without training: --variant parsing, the line per variant
-naming the keys that differ from the reference, which runs are run, resumed or summarised, and a
---no-run summary over finished run directories in a stable order."""
+"""bench/compare_algos.py: --variant parsing, the line per variant naming the keys that differ from
+the reference, which runs are run, resumed or summarised, a --no-run summary over finished run
+directories in a stable order, the final table's paired intervals, and (slow) a real comparison
+killed twice and resumed, its variants branched from one SFT checkpoint."""
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -19,7 +24,8 @@ TINY = ROOT / "configs" / "tiny.yaml"
 
 
 def test_a_variant_is_a_name_and_its_overrides_commas_inside_values_kept():
-    assert parse_variant("lr-high=train.lr=5e-3,algo.gamma=0.9") == ("lr-high", ["train.lr=5e-3", "algo.gamma=0.9"])
+    assert parse_variant("lr-high=train.lr=5e-3,algo.gamma=0.9") == (
+        "lr-high", ["train.lr=5e-3", "algo.gamma=0.9"])
     assert parse_variant("betas=train.adam_betas=[0.9,0.99], train.lr=1e-3") == (
         "betas", ["train.adam_betas=[0.9,0.99]", "train.lr=1e-3"])
     for bad in ("noequals", "name=", "=train.lr=1", "x=train.lr"):
@@ -34,7 +40,7 @@ def test_each_ablation_differs_from_ipa_in_one_key_and_grpo_lists_its_keys():
     assert lines[:4] == ["- **ipa**: the reference",
                          "- **ipa-token**: `algo.level` token (ipa: chunk)",
                          "- **ipa-prefill**: `rollout.prefill_prob` 0.5 (ipa: 0.0)",
-                         "- **ipa-filter**: `train.filter_window` 4 (ipa: 0)"]  # seed and run_name are not differences
+                         "- **ipa-filter**: `train.filter_window` 4 (ipa: 0)"]  # not seed nor run_name
     grpo = lines[4]
     for key in ("algo.loss` ppo (ipa: ipa)", "algo.baseline` grpo", "algo.gamma` 1.0 (ipa: 0.95)",
                 "algo.mismatch` token_tis", "algo.agg` token_mean", "algo.std_normalize` True"):
@@ -80,23 +86,126 @@ def test_no_run_summarises_finished_runs_in_a_stable_order(capsys):
     try:
         for i, d in enumerate(made):
             _finished(d, 1, {0: 0.25, 1: 0.25 + 0.25 * i})
-        compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "1", "0", "1", "--set", f"run_name={name}",
-                            "--set", "train.steps=1", "--variants", "mine", "ipa", "--variant",
-                            "mine=algo.level=token,algo.loss=ipa,rollout.prefill_prob=0.0", "--reference", "ipa"])
+        compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "1", "0", "1",
+                            "--set", f"run_name={name}", "--set", "train.steps=1",
+                            "--variants", "mine", "ipa",
+                            "--variant", "mine=algo.level=token,algo.loss=ipa,rollout.prefill_prob=0.0",
+                            "--reference", "ipa"])
         text = (out / "compare.md").read_text()
         assert "seeds [0, 1]" in text and "| step | mine | ipa |" in text
         assert "| 1 | 87.5% ± 17.7% (2) | 37.5% ± 17.7% (2) |" in text, text
         assert "- **mine**: `algo.level` token (ipa: chunk)\n- **ipa**: the reference" in text
         compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0", "--set", f"run_name={name}",
-                            "--set", "train.steps=1", "--variants", "ipa", "--variant", "mine=algo.level=token"])
+                            "--set", "train.steps=1", "--variants", "ipa",
+                            "--variant", "mine=algo.level=token"])
         assert "| step | ipa | mine |" in (out / "compare.md").read_text()  # yours run after --variants
         with pytest.raises(SystemExit, match="unfinished"):
-            compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0", "--set", f"run_name={name}",
-                                "--set", "train.steps=2", "--variants", "ipa"])
+            compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0",
+                                "--set", f"run_name={name}", "--set", "train.steps=2", "--variants", "ipa"])
         with pytest.raises(SystemExit, match="unknown variant 'nope'"):
             compare_algos.main(["--config", str(TINY), "--no-run", "--variants", "nope"])
         with pytest.raises(SystemExit, match="name is taken"):
             compare_algos.main(["--config", str(TINY), "--no-run", "--variant", "ipa=train.lr=1"])
     finally:
         for d in made + [out]:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_final_table_pairs_seeds_and_gives_a_t_interval():
+    def fe(x, kinds=None, turns=(2,)):
+        return {"step": 2, "success": x, "kinds": kinds or {}, "turns": list(turns)}
+    finals = {"SFT-only": {0: fe(0.5, {"copy": [1, 2]}), 1: fe(0.25), 2: fe(0.5)},
+              "ipa": {0: fe(0.75, {"copy": [2, 2]}, (3, 4)), 1: fe(0.5), 2: fe(0.5)},
+              "sft-more 8": {0: fe(0.5), 1: fe(0.5)}}
+    text = compare_algos.final_table(finals, [0, 1, 2], "ipa")
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()}
+    # ipa - SFT-only per seed: +25, +25, 0 points: mean 16.7, sd 14.4, t(2) 4.303 -> ±35.9
+    # turns: every episode of every seed, (3 + 4 + 2 + 2) / 4
+    assert rows["ipa"] == ("| ipa | 75.0% | 50.0% | 50.0% | 58.3% | 14.4 | +16.7 [-19.2, +52.5] |  "
+                           "| 2.75 |"), text
+    assert rows["SFT-only"].endswith("| 50.0% | 25.0% | 50.0% | 41.7% | 14.4 |  | -16.7 [-52.5, +19.2] "
+                                     "| 2.00 |")
+    # a row without seed 2 is paired on the seeds it has: +0 and +25, t(1) 12.706
+    assert "| sft-more 8 | 50.0% | 50.0% | - | 50.0% | 0.0 | +12.5 [-146.3, +171.3] |" in rows["sft-more 8"]
+    assert "| copy | 1/2 | 2/2 | 0/0 |" in text
+
+
+@pytest.mark.slow
+def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(tiny_model_dir, tmp_path):
+    """A real comparison on the tiny model (one SFT, two variants branched from it, the sft-more
+    control), SIGKILLed (its whole process group) once during a variant's RL and once during the
+    control's SFT, then started again with the same command: every run finishes, the SFT run is not
+    run again (its logs and summary untouched), each variant's step-0 weights are the SFT run's
+    step-0 weights and its logs start with the SFT's records, RL moved them from there, and the
+    control starts from the same checkpoint."""
+    from safetensors.torch import load_file
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    name = f"cmpkill{os.getpid()}"
+    runs = ROOT / "runs"
+    overrides = [f"run_name={name}", "model.build_tiny=false", f"model.path={model}",
+                 "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=4", "sft.val_tasks=2",
+                 "sft.stop_at_val_prob=0",
+                 "train.steps=2", "train.tasks_per_step=2", "train.group_size=2", "rollout.max_turns=3",
+                 "rollout.max_tokens_per_turn=64", "eval.num_tasks=2", "eval.samples=1", "eval.every=0",
+                 "checkpoint.every=1", "algo.negative_reward=-1.0"]  # every RL step moves the weights
+    cmd = [sys.executable, "bench/compare_algos.py", "--config", str(TINY), "--seeds", "0",
+           "--variants", "ipa", "ipa-token", "--sft-more", "2"] + sum((["--set", o] for o in overrides), [])
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    sft, ipa, token, more = (runs / f"{name}-{r}-seed0" for r in ("sft2", "ipa", "ipa-token", "sftmore2"))
+    made = [sft, ipa, token, more, runs / f"compare-{name}"]
+
+    def killed_once(until):
+        """Start the comparison, SIGKILL its process group once until() holds."""
+        with open(tmp_path / "killed.log", "a") as f:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            deadline = time.time() + 900
+            while not until():
+                assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+                assert time.time() < deadline
+                time.sleep(0.1)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    try:
+        killed_once(lambda: (ipa / "checkpoints" / "step_000001").exists())
+        assert not (ipa / "summary.txt").exists(), "the kill came too late to test resuming"
+        sft_logs = {p.name: p.read_bytes() for p in sft.glob("*.jsonl")}
+        sft_summary = (sft / "summary.txt").stat().st_mtime_ns
+        killed_once(lambda: (more / "metrics.jsonl").exists())
+        assert not (more / "summary.txt").exists()
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        assert f"{sft}: finished, summarised" in done.stdout and f"{ipa}: finished, summarised" in done.stdout
+        assert {p.name: p.read_bytes() for p in sft.glob("*.jsonl")} == sft_logs  # not run again
+        assert (sft / "summary.txt").stat().st_mtime_ns == sft_summary
+        for d in (sft, ipa, token, more):
+            assert (d / "summary.txt").exists(), d
+        step0 = load_file(sft / "checkpoints" / "step_000000" / "model" / "model.safetensors")
+        sft_records = [json.loads(line) for line in (sft / "metrics.jsonl").read_text().splitlines()]
+        sft_records = [r for r in sft_records if r.get("phase") == "sft"]
+        assert len(sft_records) == 2
+        for d in (ipa, token):
+            w0 = load_file(d / "checkpoints" / "step_000000" / "model" / "model.safetensors")
+            assert w0.keys() == step0.keys() and all(w0[k].equal(step0[k]) for k in w0)
+            w2 = load_file(d / "checkpoints" / "step_000002" / "model" / "model.safetensors")
+            assert any(not w2[k].equal(step0[k]) for k in w2), f"{d}: RL did not move the weights"
+            records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+            assert [r for r in records if r.get("phase") == "sft"] == sft_records  # no SFT of its own
+            assert [r["step"] for r in records if r.get("phase") == "rl"] == [1, 2]  # each step once
+            assert sorted(r["step"] for r in records if r.get("phase") == "eval") == [0, 2]
+        control = yaml.safe_load((more / "config.yaml").read_text())  # as train.py ran it
+        assert Path(control["model"]["path"]) == sft / "checkpoints" / "step_000000" / "model"
+        assert control["sft"]["steps"] == 2 and control["train"]["steps"] == 0
+        table = (runs / f"compare-{name}" / "compare.md").read_text()
+        for row in ("| SFT-only |", "| ipa |", "| ipa-token |", "| sft-more 2 |"):
+            assert row in table, table
+    finally:
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
+        for d in runs.glob(f"{name}-*"):  # a run moved aside when the kill came before its checkpoint
             shutil.rmtree(d, ignore_errors=True)
