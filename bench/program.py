@@ -12,10 +12,19 @@ leak into a half-done series (the commit is logged at every start). A second dri
 runs/ is refused (runs/program.lock). A job that fails is logged and left for the next start; the
 queue goes on with the next one.
 
-The queue: the SFT curve of configs/smollm2-multistep.yaml (seed 0; the SFT budget against
-val_oracle_prob and held-out success of the SFT-only policy: train.steps=0, whose step-0 eval is
-that policy's), then the comparisons (bench/compare_algos.py) that branch RL recipes and the
-continued-SFT control from per-seed SFT checkpoints.
+The queue, most informative first (the headline's start depends on the SFT curve, and every RL
+row is read against its seed's SFT-only policy and control):
+1. the SFT curve of configs/smollm2-multistep.yaml, seed 0, budgets SFT_CURVE, without early stop,
+   train.steps=0: val_oracle_prob every 5 steps and the SFT-only policy's held-out eval (its
+   step-0 eval). The plateau budget is the one with the best held-out success (fewer steps on a
+   tie); while no curve run has finished, the config's 60.
+2. the headline, configs/smollm2-multistep-ipa.yaml (IPA as the paper gives it) at the plateau
+   budget: seed 0, then seeds 1 2: SFT once a seed, IPA branched from it, and the control of
+   CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-headline).
+3. other recipes on seed 0 (a 5x lr; the CPU configs' successes-only loss), then the one-key
+   variants on seed 0 (token level, prefilled starts, GRPO at 3 lrs), then seeds 1 2 of each,
+   GRPO at its best seed-0 lr (runs/compare-multistep-recipes, runs/compare-multistep-onekey);
+   the CPU demo's control comes after the recipes' seed 0 (runs/compare-demo).
 """
 import argparse
 import fcntl
@@ -28,13 +37,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import config  # noqa: E402
-from compare_algos import run_action  # noqa: E402
+from compare_algos import VARIANTS, final_eval, run_action  # noqa: E402
 
 MULTISTEP = "configs/smollm2-multistep.yaml"
+IPA = "configs/smollm2-multistep-ipa.yaml"
 # SFT without early stop: the budget is the variable. The run name carries the budget, as
-# compare_algos names its per-seed SFT runs, so a comparison at one of these budgets finds its
-# seed-0 SFT run already done.
+# compare_algos names its per-seed SFT runs, so the comparisons find the curve's seed-0 run of
+# their budget done.
 SFT_CURVE = [60, 150, 100, 30]  # the config's budget first: the headline's fallback start
+# The control's SFT steps: the RL phase's wall time in SFT steps. On the idle Xeon a multi-step RL
+# step of 32 episodes takes ~95 s and an SFT step of 8 trajectories 8-10 s (docs/results.md "Where
+# SmolLM2's time goes"), so 20 RL steps ~ 200 SFT steps. Each run's summary logs its wall time.
+CONTROL_STEPS = 200
+GRPO_LRS = {"grpo-lr5e-6": 5e-6, "grpo": None, "grpo-lr1e-4": 1e-4}  # None: the config's 2e-5
+SEEDS = ["0", "1", "2"]
 
 
 def sft_job(steps: int, seed: int) -> tuple:
@@ -43,7 +59,78 @@ def sft_job(steps: int, seed: int) -> tuple:
     return ("train", MULTISTEP, sets)
 
 
-JOBS = [sft_job(n, 0) for n in SFT_CURVE]
+def plateau() -> int:
+    """The SFT budget of the curve with the best held-out success of its SFT-only policy."""
+    got = {}
+    for n in SFT_CURVE:
+        run_dir = ROOT / "runs" / f"smollm2-multistep-sft{n}-seed0"
+        if run_action(run_dir, 0) == "summarise":
+            got[n] = final_eval(run_dir)["success"]
+    if not got:
+        log("no SFT curve run finished: the headline starts from the config's 60 SFT steps")
+        return 60
+    best = max(got, key=lambda n: (got[n], -n))
+    log("SFT curve, held-out success: " + ", ".join(f"{n}: {x:.1%}" for n, x in sorted(got.items()))
+        + f"; plateau {best}")
+    return best
+
+
+def grpo_variants(seeds: list) -> list:
+    """--variant arguments of GRPO at each lr (seed 0), or at its best seed-0 lr (more seeds)."""
+    lrs = GRPO_LRS
+    if seeds != ["0"]:
+        got = {}
+        for name in lrs:
+            run_dir = ROOT / "runs" / f"smollm2-multistep-{name}-seed0"
+            if run_action(run_dir, 20) == "summarise":
+                got[name] = final_eval(run_dir)["success"]
+        if got:
+            lrs = {max(got, key=got.get): lrs[max(got, key=got.get)]}
+    out = []
+    for name, lr in lrs.items():
+        if name != "grpo":
+            out += ["--variant", f"{name}=" + ",".join(VARIANTS["grpo"] + [f"train.lr={lr}"])]
+    return (["grpo"] if "grpo" in lrs else []), out
+
+
+def compare(out: str, seeds: list, variants: list, extra: list = ()) -> list:
+    return ["--config", IPA, "--seeds", *seeds, "--variants", *variants, *extra,
+            "--sft-more", str(CONTROL_STEPS), "--set", f"sft.steps={plateau()}",
+            "--out", f"runs/compare-multistep-{out}"]
+
+
+def recipes(seeds: list) -> list:
+    """IPA against a 5x lr (no KL term to hold it: algo.kl_coef is 0) and against the CPU configs'
+    successes-only recipe (R = 0 for failures, 16 tasks x 2 a step)."""
+    return compare("recipes", seeds, ["ipa", "ipa-lr1e-4", "ipa-successes"],
+                   ["--variant", "ipa-lr1e-4=train.lr=1e-4", "--variant",
+                    "ipa-successes=algo.negative_reward=0.0,train.tasks_per_step=16,train.group_size=2"])
+
+
+def onekey(seeds: list) -> list:
+    """IPA against one key changed: token level, prefilled starts; and GRPO (several keys)."""
+    grpo, extra = grpo_variants(seeds)
+    return compare("onekey", seeds, ["ipa", "ipa-token", "ipa-prefill", *grpo], extra)
+
+
+def demo_control() -> list:
+    """The CPU demo (configs/smollm2-cpu.yaml: 10 SFT steps, 6 RL steps) beside its control: 6 RL
+    steps of 32 easy episodes take ~50 s each on the idle Xeon, an easy SFT step ~7 s: 40 steps."""
+    return ["--config", "configs/smollm2-cpu.yaml", "--seeds", *SEEDS, "--variants", "ipa",
+            "--sft-more", "40", "--out", "runs/compare-demo"]
+
+
+# a job: ("train", config, sets), or ("compare", a function of no arguments giving compare_algos'
+# arguments when the job starts: what it reads of earlier runs is there by then)
+JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
+    ("compare", lambda: compare("headline", ["0"], ["ipa"]), []),
+    ("compare", lambda: compare("headline", SEEDS, ["ipa"]), []),
+    ("compare", lambda: recipes(["0"]), []),
+    ("compare", demo_control, []),
+    ("compare", lambda: onekey(["0"]), []),
+    ("compare", lambda: onekey(SEEDS), []),
+    ("compare", lambda: recipes(SEEDS), []),
+]
 
 
 def log(msg: str):
@@ -67,8 +154,9 @@ def main(argv=None):
     runs = ROOT / "runs"
     runs.mkdir(exist_ok=True)
     if args.list:
-        for kind, cfg_path, sets in JOBS:
-            print(train_job(cfg_path, sets)[0] if kind == "train" else f"compare {' '.join(sets)}")
+        for i, (kind, what, sets) in enumerate(JOBS):
+            print(f"{i}: " + (train_job(what, sets)[0] if kind == "train"
+                             else "compare_algos.py " + " ".join(what())))
         return
     lock = open(runs / "program.lock", "w")
     try:
@@ -79,20 +167,20 @@ def main(argv=None):
                             text=True).stdout.strip()
     log(f"driver start: {ROOT} at {commit}, {len(JOBS)} jobs")
     failed = 0
-    for kind, cfg_path, sets in JOBS:
+    for i, (kind, what, sets) in enumerate(JOBS):
         if (runs / "program.stop").exists():
             log("runs/program.stop is there: stopping before the next job (remove it to go on)")
             break
         if kind == "train":
-            state, cmd = train_job(cfg_path, sets)
+            state, cmd = train_job(what, sets)
         else:  # a comparison resumes and skips its own runs
-            state, cmd = f"compare {' '.join(sets)}", [sys.executable, "bench/compare_algos.py", *sets]
+            state, cmd = f"job {i}: compare", [sys.executable, "bench/compare_algos.py", *what()]
         if cmd is None:
             log(state + ", skipped")
             continue
         # each job's own output (progress bars included) in a file of its own: this log stays a list
         out = runs / "program.d" / (next((s.split("=", 1)[1] for s in sets if s.startswith("run_name=")),
-                                         f"job{JOBS.index((kind, cfg_path, sets))}") + ".log")
+                                         f"job{i}") + ".log")
         out.parent.mkdir(exist_ok=True)
         log(state + f": $ {' '.join(cmd)}  (output: {out})")
         t0 = time.time()
