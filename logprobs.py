@@ -29,35 +29,85 @@ def topk_rule(device_type: str) -> str:
 def sampling_support(x, top_k=-1, top_p=1.0, rule=None):
     """Bool mask of the tokens the engine can sample from temperature-scaled logits x [..., V]:
     top-k first, then top-p over what top-k kept, always keeping the most likely token, by the
-    engine's rule on x's device (topk_rule; `rule` names one)."""
+    engine's rule on x's device (topk_rule; `rule` names one). The k-th value comes from
+    torch.topk, not a sort of the vocabulary; a full sort runs only where top-p covers more than k
+    tokens (no top-k), or under the "ties" rule with top-p, whose edge follows torch.sort's order
+    of the whole row as vLLM's PyTorch path does (tests/test_logprobs.py::
+    test_topk_support_equals_the_sorted_support_mask_for_mask)."""
     V = x.shape[-1]
+    has_k = 0 < top_k < V
     if (rule or topk_rule(x.device.type)) == "exact":
-        # descending, ties by lowest id (a stable sort); keep a sorted prefix
-        xs, idx = x.sort(dim=-1, descending=True, stable=True)
-        keep = torch.ones_like(xs, dtype=torch.bool)
-        if 0 < top_k < V:
-            keep[..., top_k:] = False
-        if top_p < 1.0:
-            p = xs.masked_fill(~keep, float("-inf")).softmax(-1)
-            keep &= p.cumsum(-1) - p < top_p  # the mass before a token is short of p: it is needed
-            keep[..., 0] = True
-        return torch.zeros_like(keep).scatter(-1, idx, keep)
+        if has_k:
+            keep = _exactly_k(x, top_k)
+            return keep if top_p >= 1.0 else _exact_top_p_of_k(x, keep, top_k, top_p)
+        if top_p >= 1.0:
+            return torch.ones_like(x, dtype=torch.bool)
+        xs, idx = x.sort(dim=-1, descending=True, stable=True)  # descending, ties by lowest id
+        return torch.zeros_like(xs, dtype=torch.bool).scatter(-1, idx, _top_p_prefix(xs, top_p))
     if top_p >= 1.0:  # apply_top_k_only: no sort
-        keep = torch.ones_like(x, dtype=torch.bool)
-        return x >= x.topk(top_k, dim=-1).values[..., -1:] if 0 < top_k < V else keep
+        return x >= x.topk(top_k, dim=-1).values[..., -1:] if has_k else torch.ones_like(x, dtype=torch.bool)
     # apply_top_k_top_p_pytorch step by step: the order of tied tokens is the sort's of x itself
     xs, idx = x.sort(dim=-1)  # ascending
-    keep = torch.ones_like(xs, dtype=torch.bool)
-    if 0 < top_k < V:
-        keep = xs >= xs[..., V - top_k:V - top_k + 1]
+    keep = xs >= xs[..., V - top_k:V - top_k + 1] if has_k else torch.ones_like(xs, dtype=torch.bool)
     drop = xs.masked_fill(~keep, float("-inf")).softmax(-1).cumsum(-1) <= 1 - top_p
     drop[..., -1] = False
     return torch.zeros_like(keep).scatter(-1, idx, keep & ~drop)
 
 
+def _exactly_k(x, k):
+    """The "exact" rule's top-k: every token above the k-th value, then the tokens equal to it by
+    lowest id until there are k (a running count of the ties, no sort)."""
+    kth = x.topk(k, dim=-1).values[..., -1:]
+    above = x > kth
+    tied = x == kth
+    return above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+
+
+def _top_p_prefix(xs, top_p):
+    """Over logits sorted descending: keep the prefix whose mass before each token is short of p
+    (the token is needed to reach p), and always the first."""
+    p = xs.softmax(-1)
+    keep = p.cumsum(-1) - p < top_p
+    keep[..., 0] = True
+    return keep
+
+
+def _exact_top_p_of_k(x, keep, k, top_p):
+    """The "exact" rule's top-p over the k tokens `keep` holds: only those k are ordered
+    (descending, ties by lowest id: a stable sort of them taken in id order)."""
+    V = x.shape[-1]
+    ids = torch.arange(V, device=x.device).expand_as(x).masked_fill(~keep, V)
+    ids = ids.topk(k, dim=-1, largest=False, sorted=True).values  # the kept ids, ascending
+    vals, order = x.gather(-1, ids).sort(dim=-1, descending=True, stable=True)
+    return torch.zeros_like(keep).scatter(-1, ids.gather(-1, order), _top_p_prefix(vals, top_p))
+
+
+CPU_BLOCK_LOGITS = 2 ** 24       # a laptop's block: 256 MiB of fp32 logits and their gradient
+MAX_BLOCK_LOGITS = 2 ** 28       # past this a block's kernels are already long: more only costs memory
+MIN_BLOCK_LOGITS = 2 ** 16
+HEAD_BYTES_PER_LOGIT = 16        # a block alive at once: fp32 logits, the masked copy, exp(z − lse), a grad
+FREE_SHARE = 16                  # a block takes at most 1/16 of the memory free at the step's start
+
+
+def head_block_logits(setting: int, device_type: str, free_bytes: int | None = None) -> int:
+    """Logits per output-head block (train.head_block_logits): `setting` when > 0; else on a GPU the
+    largest power of two whose block (HEAD_BYTES_PER_LOGIT bytes a logit) fits 1/FREE_SHARE of
+    `free_bytes`, within [MIN_BLOCK_LOGITS, MAX_BLOCK_LOGITS] (few, long kernels: each block's head
+    matmul is redone in backward); CPU_BLOCK_LOGITS elsewhere (tests/test_logprobs.py::
+    test_head_blocks_are_sized_from_the_device_and_change_no_logprob)."""
+    if setting > 0:
+        return setting
+    if device_type != "cuda" or free_bytes is None:
+        return CPU_BLOCK_LOGITS
+    fit = free_bytes // (FREE_SHARE * HEAD_BYTES_PER_LOGIT)
+    return max(MIN_BLOCK_LOGITS, min(MAX_BLOCK_LOGITS, 1 << (max(fit, 1).bit_length() - 1)))
+
+
 def _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_grad):
     """(lp, entropy) of one time block of logits x [B,t,V] for next tokens nxt [B,t]: fp32 math on
-    the block, at temperature τ, over the engine's sampling support (sampling_support)."""
+    the block, at temperature τ, over the engine's sampling support (sampling_support).
+    lp = z[nxt] − lse(z); H = lse − Σ p·z with p = exp(z − lse) from the same lse (no softmax pass
+    of its own; off the support p = 0 and z counts as 0)."""
     x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # fp64 stays fp64 (gradcheck)
     if temperature != 1.0:
         x = x / temperature
@@ -75,25 +125,30 @@ def _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_gra
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             xe, lse_e = (x, lse) if entropy_grad else (x.detach(), lse.detach())
             xf = xe if keep is None else xe.masked_fill(~keep, 0.0)  # p = 0 there; 0 * -inf would be nan
-            ent = lse_e - (torch.softmax(xe, dim=-1) * xf).sum(-1)
+            ent = lse_e - (torch.exp(xe - lse_e[..., None]) * xf).sum(-1)
     return lp, ent
 
 
+def _block_positions(B, V, block_logits, block_size):
+    """Positions per time block: `block_size` when given, else as many as block_logits hold."""
+    return block_size or max(1, block_logits // max(B * V, 1))
+
+
 def token_logprobs(logits, input_ids, temperature=1.0, with_entropy=False, entropy_grad=False,
-                   block_size=None, top_k=-1, top_p=1.0):
+                   block_size=None, top_k=-1, top_p=1.0, block_logits=CPU_BLOCK_LOGITS):
     """lp[b,t] = log softmax(logits[b,t-1]/τ)[input_ids[b,t]] (position 0 → 0), and optionally
     the entropy of that same distribution; computed block by block over time with logsumexp so
-    no full [B,T,V] log_softmax copy is made (block_size None: ~2^24 logits per block). The
-    engine samples at temperature τ from the top_k / top_p support and reports log-probs of
-    that distribution (VLLMEngine's processed_logprobs), so pass the same τ, top_k and top_p for
-    π_θ to be comparable with μ
+    no full [B,T,V] log_softmax copy is made (block_size positions, else ~block_logits logits a
+    block). The engine samples at temperature τ from the top_k / top_p support and reports
+    log-probs of that distribution (VLLMEngine's processed_logprobs), so pass the same τ, top_k
+    and top_p for π_θ to be comparable with μ
     (tests/test_gpu_path.py::test_trainer_logprobs_match_the_engine_under_top_k_top_p).
     Entropy is detached unless entropy_grad (it is only a metric when entropy_coef is 0)."""
     if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
         raise ValueError(f"logits must be [B,T,V] matching input_ids [B,T]; got {tuple(logits.shape)} "
                          f"and {tuple(input_ids.shape)}")
     B, T, V = logits.shape
-    block_size = block_size or max(1, 2 ** 24 // max(B * V, 1))
+    block_size = _block_positions(B, V, block_logits, block_size)
     zero = logits.new_zeros(B, 1, dtype=torch.float32 if logits.dtype in (torch.float16, torch.bfloat16)
                             else logits.dtype)
     lps, ents = [zero], [zero]
@@ -106,14 +161,14 @@ def token_logprobs(logits, input_ids, temperature=1.0, with_entropy=False, entro
 
 
 def linear_token_logprobs(hidden, weight, input_ids, temperature=1.0, with_entropy=False, entropy_grad=False,
-                          block_size=None, top_k=-1, top_p=1.0):
+                          block_size=None, top_k=-1, top_p=1.0, block_logits=CPU_BLOCK_LOGITS):
     """token_logprobs of logits = hidden @ weight.T (the output head), without ever holding them:
     each time block's logits are made, reduced to [B,t] and dropped, and made again in backward
-    (activation checkpointing), so memory is ~B × block × V instead of B × T × V (bench/bench_logprobs.py)."""
+    (activation checkpointing), so memory is ~block_logits logits instead of B × T × V
+    (bench/bench_logprobs.py; head_block_logits sizes the blocks from the device)."""
     from torch.utils.checkpoint import checkpoint
     B, T, _ = hidden.shape
-    V = weight.shape[0]
-    block_size = block_size or max(1, 2 ** 24 // max(B * V, 1))
+    block_size = _block_positions(B, weight.shape[0], block_logits, block_size)
 
     def block(h, nxt):
         return _block_logprobs(torch.nn.functional.linear(h, weight), nxt, temperature, top_k, top_p,

@@ -1,0 +1,96 @@
+"""logprobs.py's support and blocks: the top-k / top-p support from torch.topk equals the
+full-vocabulary sort it replaced, mask for mask, under both tie rules; the output head's blocks
+are sized from the device and never change a log-prob; entropy is the distribution's."""
+import pytest
+import torch
+
+import logprobs
+
+
+def sorted_support(x, top_k=-1, top_p=1.0, rule="ties"):
+    """The support as a full-vocabulary sort per position computes it: the reference the topk
+    implementation must equal (the engine's rules, logprobs.topk_rule)."""
+    V = x.shape[-1]
+    if rule == "exact":
+        xs, idx = x.sort(dim=-1, descending=True, stable=True)
+        keep = torch.ones_like(xs, dtype=torch.bool)
+        if 0 < top_k < V:
+            keep[..., top_k:] = False
+        if top_p < 1.0:
+            p = xs.masked_fill(~keep, float("-inf")).softmax(-1)
+            keep &= p.cumsum(-1) - p < top_p
+            keep[..., 0] = True
+        return torch.zeros_like(keep).scatter(-1, idx, keep)
+    if top_p >= 1.0:
+        keep = torch.ones_like(x, dtype=torch.bool)
+        return x >= x.topk(top_k, dim=-1).values[..., -1:] if 0 < top_k < V else keep
+    xs, idx = x.sort(dim=-1)
+    keep = torch.ones_like(xs, dtype=torch.bool)
+    if 0 < top_k < V:
+        keep = xs >= xs[..., V - top_k:V - top_k + 1]
+    drop = xs.masked_fill(~keep, float("-inf")).softmax(-1).cumsum(-1) <= 1 - top_p
+    drop[..., -1] = False
+    return torch.zeros_like(keep).scatter(-1, idx, keep & ~drop)
+
+
+def logits_cases():
+    g = torch.Generator().manual_seed(0)
+    tied = (torch.randn(3, 50, 1000, generator=g) * 3).bfloat16().float()  # bf16: many ties at the k-th
+    coarse = torch.randint(0, 6, (2, 40, 64), generator=g).float()  # rows of ties, top-p's edge inside one
+    return {"bf16 ties": tied, "fp32": torch.randn(2, 60, 1000, generator=g) * 2, "coarse ties": coarse}
+
+
+@pytest.mark.parametrize("rule", ["exact", "ties"])
+def test_topk_support_equals_the_sorted_support_mask_for_mask(rule):
+    for name, x in logits_cases().items():
+        V = x.shape[-1]
+        for top_k, top_p in [(50, 1.0), (1, 1.0), (20, 0.9), (50, 0.5), (-1, 0.9), (-1, 0.3), (V, 1.0),
+                             (V + 7, 0.8), (V - 1, 0.95), (-1, 1.0), (7, 0.0001)]:
+            want = sorted_support(x, top_k, top_p, rule)
+            got = logprobs.sampling_support(x, top_k, top_p, rule)
+            assert torch.equal(got, want), (name, rule, top_k, top_p, (got != want).sum())
+    x = logits_cases()["bf16 ties"]
+    ties, exact = (logprobs.sampling_support(x, 50, rule=r) for r in ("ties", "exact"))
+    assert (ties.sum(-1) > 50).sum() > 10 and (exact.sum(-1) == 50).all()  # the cases do tie at the k-th
+
+
+def test_head_blocks_are_sized_from_the_device_and_change_no_logprob():
+    GiB = 2 ** 30
+    assert logprobs.head_block_logits(0, "cpu") == 2 ** 24
+    assert logprobs.head_block_logits(0, "cuda", free_bytes=100 * GiB) == 2 ** 28  # capped
+    assert logprobs.head_block_logits(0, "cuda", free_bytes=20 * GiB) == 2 ** 26  # 1/16 of free, 16 B a logit
+    assert logprobs.head_block_logits(0, "cuda", free_bytes=GiB // 4) == 2 ** 20  # a crowded card
+    assert logprobs.head_block_logits(12345, "cuda", free_bytes=100 * GiB) == 12345  # the key wins
+    assert logprobs.head_block_logits(0, "cuda", free_bytes=0) == 2 ** 16  # never below one small block
+
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(2, 33, 16, generator=g, dtype=torch.float64)
+    W = torch.randn(100, 16, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, 100, (2, 33), generator=g)
+    outs = []
+    for block_logits in (1, 200, 2 ** 24):  # one position a block, several, the whole sequence at once
+        hh = h.clone().requires_grad_()
+        lp, ent = logprobs.linear_token_logprobs(hh, W, ids, 0.7, True, True, top_k=30, top_p=0.9,
+                                                 block_logits=block_logits)
+        (lp.sum() + ent.sum()).backward()
+        outs.append((lp.detach(), ent.detach(), hh.grad))
+    for got in outs[1:]:  # the head's matmul is blocked differently: equal to fp64 rounding
+        for a, b in zip(got, outs[0]):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_entropy_from_the_log_softmax_is_the_distributions():
+    """H = lse − Σ p·z over the support, with p = exp(z − lse) reused from the log-prob's lse, equals
+    the entropy of the renormalised distribution computed directly, and its gradient too."""
+    g = torch.Generator().manual_seed(2)
+    z = (torch.randn(2, 9, 50, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    ids = torch.randint(0, 50, (2, 9), generator=g)
+    lp, ent = logprobs.token_logprobs(z, ids, 1.5, True, True, top_k=20, top_p=0.8)
+    keep = logprobs.sampling_support(z.detach()[:, :-1] / 1.5, 20, 0.8)
+    keep.scatter_(-1, ids[:, 1:, None], True)
+    q = (z[:, :-1] / 1.5).masked_fill(~keep, float("-inf")).log_softmax(-1)
+    want = -(q.exp() * q.masked_fill(~keep, 0.0)).sum(-1)
+    torch.testing.assert_close(ent[:, 1:], want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lp[:, 1:], q.gather(-1, ids[:, 1:, None])[..., 0], rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: logprobs.token_logprobs(x, ids, 1.5, True, True, top_k=20)[1],
+                                    (z.detach().clone().requires_grad_(),))
