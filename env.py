@@ -359,10 +359,10 @@ class Env:
             with self._lock:
                 due = self._hosts.due()
             for h in due:
-                if _connect(self._docker, h, self._max_starts) is None:
+                if (why := _connect(self._docker, h, self._max_starts)) is None:
                     with contextlib.suppress(Exception):  # what is left is swept at the next start
                         _sweep_own(h, self._token)
-                    self._hosts.rejoin(h)
+                self._hosts.rejoin(h, why)  # why: it still does not answer
             time.sleep(CHECK_EVERY_S)
 
     def host_stats(self) -> dict:

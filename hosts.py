@@ -139,6 +139,8 @@ class Host:
         self.starts, self.start_s = 0, 0.0   # since the last stats(): container starts and their seconds
         self.retry_at, self.backoff = 0.0, BACKOFF_S[0]
         self.down_since: float | None = None
+        self.probing_since = 0.0   # when the retry under way began (due)
+        self.failed_probe: float | None = None  # when the last failed retry since the drain began
         self.why = ""
         # whether /proc, cgroups and the overlay dirs of this machine may be used for its containers:
         # only once /proc/<pid>/cgroup names the container (terminal.Terminal checks); a test sets it False
@@ -183,11 +185,14 @@ class HostPool:
             self.lock.wait(0.5)
 
     def _fail_if_all_down(self, among: list | None = None):
+        """HostsDown once every host of `among` is down and failed a retry begun after its
+        down_wait_s: a daemon that answers again within the wait is always asked (due) before the
+        run stops (tests/test_hosts.py::test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode)."""
         among = self.hosts if among is None else among
         if any(h.up for h in among):
             return
-        since = max(h.down_since or 0.0 for h in among)
-        if time.monotonic() - since > self.down_wait_s:
+        if all(h.failed_probe is not None and h.failed_probe >= (h.down_since or 0.0) + self.down_wait_s
+               for h in among):
             raise HostsDown(f"every Docker host{' with the labels needed' if among != self.hosts else ''} has "
                             f"stopped answering for over {self.down_wait_s:g} s ("
                             + "; ".join(f"{h.name}: {h.why}" for h in among)
@@ -199,17 +204,19 @@ class HostPool:
             self.lock.notify_all()
 
     def drain(self, h: Host, why: str) -> bool:
-        """Mark h down (call with lock held); False when it already was."""
-        if not h.up:
-            return False
-        h.up, h.epoch, h.why = False, h.epoch + 1, why
-        h.down_since, h.backoff = time.monotonic(), BACKOFF_S[0]
-        h.retry_at = h.down_since + h.backoff
-        self.events.append((time.time(), h.name, f"drained: {why}"))
-        log.warning("docker host %s stopped answering (%s): drained, its %d container(s) lost; retried in %g s",
-                    h.name, why, h.running, h.backoff)
-        self.lock.notify_all()
-        return True
+        """Mark h down, under the lock (re-entrant: a caller may hold it); False when it already was.
+        tests/test_hosts.py::test_a_daemon_down_at_start_is_named_by_its_own_error"""
+        with self.lock:
+            if not h.up:
+                return False
+            h.up, h.epoch, h.why = False, h.epoch + 1, why
+            h.down_since, h.backoff, h.failed_probe = time.monotonic(), BACKOFF_S[0], None
+            h.retry_at = h.down_since + h.backoff
+            self.events.append((time.time(), h.name, f"drained: {why}"))
+            log.warning("docker host %s stopped answering (%s): drained, its %d container(s) lost; "
+                        "retried in %g s", h.name, why, h.running, h.backoff)
+            self.lock.notify_all()
+            return True
 
     def answers(self, h: Host) -> str | None:
         """None when h answers a ping within PROBE_TIMEOUT_S, else why not."""
@@ -222,17 +229,25 @@ class HostPool:
             return f"{type(e).__name__}: {str(e)[:200]}"
 
     def due(self) -> list[Host]:
-        """Drained hosts whose back-off has run out (call with lock held); their next try is pushed back."""
+        """Drained hosts whose back-off has run out (call with lock held); their next try is pushed back,
+        never past the end of down_wait_s: the try that decides whether the run stops is made then."""
         now, out = time.monotonic(), []
         for h in self.hosts:
             if not h.up and now >= h.retry_at:
                 h.backoff = min(BACKOFF_S[1], h.backoff * 2)
-                h.retry_at = now + h.backoff
+                deadline = (h.down_since or now) + self.down_wait_s
+                h.retry_at = now + h.backoff if now >= deadline else min(now + h.backoff, deadline)
+                h.probing_since = now
                 out.append(h)
         return out
 
-    def rejoin(self, h: Host):
+    def rejoin(self, h: Host, why: str | None = None):
+        """A retry of h (begun at due) succeeded; or failed, why being the daemon's answer."""
         with self.lock:
+            if why:
+                h.failed_probe, h.why = h.probing_since, why
+                self.lock.notify_all()
+                return
             h.up, h.down_since, h.why = True, None, ""
             self.events.append((time.time(), h.name, "rejoined"))
             log.warning("docker host %s answers again: rejoined", h.name)

@@ -6,7 +6,9 @@ by the module fixture; the primary daemon (/var/run/docker.sock) is never stoppe
 """
 import dataclasses
 import logging
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -195,3 +197,100 @@ def test_remote_host_fallbacks_through_the_docker_api(easy_tasks):
             assert term.run("head -c 3000000 /dev/urandom > /root/big").exit_code == 0
             term.check_disk()
             assert term.dead and "disk cap" in term.dead
+
+
+def seeded(d) -> str:
+    """d's URL once it holds the base image (loaded from the main daemon): a run on it alone has no
+    other host to load it from."""
+    import docker
+    client = docker.DockerClient(base_url=d.url, timeout=600)
+    try:
+        client.api.inspect_image(T.BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        client.api.load_image(docker.from_env(timeout=600).api.get_image(T.BASE_IMAGE))
+    client.close()
+    return d.url
+
+
+def test_a_daemon_down_at_start_is_named_by_its_own_error(tmp_path):
+    """Bug: with the daemon down at start the run said "Docker is not reachable (RuntimeError: cannot
+    notify on un-acquired lock)": HostPool.drain notifies the lock's waiters and was reached without
+    the lock. The error names the host and the daemon's own answer."""
+    sock = tmp_path / "docker.sock"
+    with pytest.raises(container.InfraError) as e:
+        E.Env(hosts=[f"unix://{sock}"])
+    assert "un-acquired lock" not in str(e.value)
+    assert re.search(rf"cannot reach the Docker daemon; {re.escape(str(sock))}: \w+(Error|Exception): .*"
+                     r"(No such file|Connection)", str(e.value)), e.value
+
+
+def test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode(second, easy_tasks, tiny_tokenizer):
+    """Bug: a daemon stopped (SIGSTOP) for less than env.hosts_down_wait_s stopped the run with
+    "every Docker host has stopped answering", though it answered again before the wait ran out:
+    the doubling back-off had put its next retry past the wait. With the only host stopped for
+    44 s of a 50 s wait, the step's episodes all end valid and nothing of ours is left."""
+    cfg = R.RolloutConfig(max_turns=4, num_workers=3, group_size=1)
+    with E.Env(hosts=[f"{seeded(second)},name=stalled"], hosts_down_wait_s=50.0) as env, \
+            ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
+        host = env._hosts.hosts[0]
+        result = {}
+
+        def step():
+            try:
+                result["trajs"] = R.collect(easy_tasks[:3], policy, env, cfg, progress=False)
+            except BaseException as e:  # said by the assertions below
+                result["error"] = e
+        th = threading.Thread(target=step)
+        th.start()
+        end = time.monotonic() + 120  # the base image is loaded onto the second daemon first
+        while sum(t.task is not None and not t.closed for t in list(env._terms)) < 3:
+            assert time.monotonic() < end and th.is_alive(), "no 3 episodes started: " + repr(
+                result.get("error") or [(t.finish_reason, t.error) for t in result["trajs"]])
+            time.sleep(0.05)
+        time.sleep(1.0)
+        second.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(44)  # past the back-off's retry at ~31 s; its next, at ~63 s, is past the wait
+        finally:
+            second.proc.send_signal(signal.SIGCONT)
+        th.join(180)
+        assert not th.is_alive() and "trajs" in result, f"collect did not return: {result.get('error')!r}"
+        trajs = result["trajs"]
+        assert len(trajs) == 3 and all(t.valid and t.finish_reason == "submitted" for t in trajs), \
+            [(t.finish_reason, t.error) for t in trajs]
+        assert host.up and [e[2] for e in env._hosts.events][-1] == "rejoined"
+    assert not own(host.client, env._token)
+
+
+def test_a_daemon_restarted_under_live_episodes_reruns_them(second, easy_tasks, tiny_tokenizer):
+    """A daemon restarted (SIGTERM, then started again) under live episodes, the run's only host:
+    the lost episodes end as infra, run again once it rejoins, and the step ends with every row
+    valid; nothing of ours is left on it."""
+    cfg = R.RolloutConfig(max_turns=4, num_workers=3, group_size=1)
+    with E.Env(hosts=[f"{seeded(second)},name=restarted"], hosts_down_wait_s=60.0) as env, \
+            ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
+        host = env._hosts.hosts[0]
+        result = {}
+
+        def step():
+            try:
+                result["trajs"] = R.collect(easy_tasks[:3], policy, env, cfg, progress=False)
+            except BaseException as e:  # said by the assertions below
+                result["error"] = e
+        th = threading.Thread(target=step)
+        th.start()
+        end = time.monotonic() + 120
+        while sum(t.task is not None and not t.closed for t in list(env._terms)) < 3:
+            assert time.monotonic() < end and th.is_alive(), "no 3 episodes started: " + repr(
+                result.get("error") or [(t.finish_reason, t.error) for t in result["trajs"]])
+            time.sleep(0.05)
+        time.sleep(1.0)
+        second.stop()
+        second.start()
+        th.join(180)
+        assert not th.is_alive() and "trajs" in result, f"collect did not return: {result.get('error')!r}"
+        trajs = result["trajs"]
+        assert len(trajs) == 3 and all(t.valid and t.finish_reason == "submitted" for t in trajs), \
+            [(t.finish_reason, t.error) for t in trajs]
+        assert host.failed >= 1 and any(e[2].startswith("drained") for e in env._hosts.events)
+    assert not own(host.client, env._token)
