@@ -141,6 +141,9 @@ class Batch:
         if (self.chunk_ids >= self.num_chunks[:, None]).any():
             raise ValueError("Batch.chunk_ids has an index ≥ num_chunks for its row: "
                              "chunk ids must run 0..K-1 with K = num_chunks[b]")
+        if (self.chunk_ids > torch.arange(T, device=self.chunk_ids.device)).any():
+            raise ValueError("Batch.chunk_ids has chunk k at a position below k: the prompt and every "
+                             "turn before chunk k hold a token before it (chunk_sums relies on it)")
         if (self.valid & torch.isnan(self.reward)).any():
             raise ValueError("Batch.reward is NaN on a row with valid=True: infrastructure "
                              "failures must have valid=False")
@@ -421,9 +424,10 @@ def keep_rows(batch: Batch, advantages, cfg: AlgoConfig):
 
 
 def chunk_sums(values, chunk_ids):
-    """[B, K+1] sums of `values` per chunk; column k+1 is chunk k, column 0 collects chunk_ids −1."""
-    K = int(chunk_ids.max()) + 1 if chunk_ids.numel() else 0
-    out = torch.zeros(values.shape[0], K + 1, dtype=values.dtype, device=values.device)
+    """[B, T+1] sums of `values` per chunk; column k+1 is chunk k, column 0 collects chunk_ids −1.
+    T columns hold every chunk, as a chunk's id is at most its position (Batch.validate), and the
+    shape needs no look at the ids (no host sync inside learner.py's micro-batch loop)."""
+    out = torch.zeros(values.shape[0], chunk_ids.shape[-1] + 1, dtype=values.dtype, device=values.device)
     return out.scatter_add(1, (chunk_ids + 1).clamp(min=0), values)
 
 
@@ -454,7 +458,8 @@ def mismatch_correction(log_r, mask, chunk_ids, mode, cap, floor=None):
 
 def train_masks(batch: Batch, advantages, cfg: AlgoConfig, old_logprobs, keep=None):
     """Token masks every loss shares: (rl [B,T] sampled tokens that train, il [B,T] prefilled tokens
-    that train, is_weight [B,T], metrics). Rows not in `keep` and mismatch-masked tokens are 0."""
+    that train, is_weight [B,T], metrics as 0-d tensors). Rows not in `keep` and mismatch-masked
+    tokens are 0."""
     keep, metrics = keep_rows(batch, advantages, cfg) if keep is None else (keep, {})
     sampled = batch.loss_mask.float() * batch.valid[:, None]
     log_r = _log_ratio(old_logprobs.detach(), batch.infer_logprobs, sampled)  # log π_old/μ
@@ -474,7 +479,7 @@ def train_masks(batch: Batch, advantages, cfg: AlgoConfig, old_logprobs, keep=No
         "mismatch_token_frac": _ratio((sampled * (1 - mm_keep)).sum(), n_sampled),
         "mismatch_chunk_frac": _ratio(((chunk_tok > 0) & (chunk_kept == 0)).sum(), n_chunks),
         "masked_token_frac": _ratio((sampled - rl).sum(), n_sampled),
-        "tokens_trained": float(rl.sum() + il.sum()),
+        "tokens_trained": rl.sum() + il.sum(),
     })
     if cfg.mismatch == "token_tis":
         metrics["tis_weight_mean"] = _ratio((is_weight * sampled).sum(), n_sampled)
@@ -484,8 +489,9 @@ def train_masks(batch: Batch, advantages, cfg: AlgoConfig, old_logprobs, keep=No
 
 
 def _ratio(num, den):
-    """num/den as a float, 0.0 for an empty set (metrics must stay finite)."""
-    return float(num) / float(den) if float(den) > 0 else 0.0
+    """num/den of a sum over a count of tokens, rows or chunks, as a float64 0-d tensor on their
+    device (read once a step, not per micro-batch); 0 for an empty set (metrics must stay finite)."""
+    return torch.as_tensor(num).double() / torch.as_tensor(den).double().clamp(min=1.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -591,19 +597,44 @@ def aggregate(loss, mask, agg, denominator, row_tokens=None):
 
 def advantage_stats(advantages, rl) -> dict:
     """Mean advantage over trained sampled tokens `rl`, and the share of rows with a trained token
-    whose trajectory is positive."""
+    whose trajectory is positive (floats)."""
+    return as_floats(_advantage_stats(advantages, rl))
+
+
+def _advantage_stats(advantages, rl) -> dict:
     trained = rl.sum(-1) > 0
     return {"advantage_mean": _ratio((advantages * rl).sum(), rl.sum()),
             "positive_frac": _ratio(((trajectory_sign(advantages) > 0) & trained).sum(), trained.sum())}
 
 
+def as_floats(metrics: dict) -> dict:
+    """Metrics as plain floats, the tensors among them read in one transfer."""
+    tensors = {k: v for k, v in metrics.items() if torch.is_tensor(v)}
+    out = {k: float(v) for k, v in metrics.items() if not torch.is_tensor(v)}
+    if tensors:
+        dev = next(iter(tensors.values())).device
+        out.update(zip(tensors, torch.stack([v.detach().to(dev, torch.float64) for v in tensors.values()]).tolist()))
+    return {k: out[k] for k in metrics}
+
+
+def imitation_weights(batch: Batch, advantages, cfg: AlgoConfig, dtype=torch.float32):
+    """Eq. 10's weight on prefilled chunk k: γ^(K−1−k) ("discount": the expert succeeded) or the
+    row's G_k ("return")."""
+    if cfg.imitation_weight == "return":
+        return advantages
+    return chunk_discount(batch.chunk_ids, batch.num_chunks, cfg.gamma, dtype)
+
+
 def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=None, ref_logprobs=None,
-                keep=None, denominator=None):
+                keep=None, denominator=None, on_device=False, imitation=None):
     """Total loss λ_RL·PG + λ_IL·imitation (Eq. 10) + kl_coef·KL − entropy_coef·H, all per token and
     reduced once by `aggregate` over sampled ∪ prefilled trained tokens. PG is cfg.loss's
     per-token loss times the mismatch IS weight. `keep` [B] and `denominator` default to this
     batch's own (pass the full batch's when micro-batching). Returns (scalar loss, float metrics,
     the trained-token mask [B,T] it reduced over: its aggregation_denominator is the batch's).
+    `on_device` (learner.py's micro-batches): the caller validated the whole batch and the metrics
+    stay 0-d tensors on the device; with `imitation` (False: no prefilled token; else the
+    imitation_weights [B,T] of these rows) known on the host too, nothing here waits for the device.
 
     Metrics (plain floats; a mean over an empty set is 0.0):
       loss = rl_coef·pg_loss + imitation_coef·imitation_loss + kl_coef·kl_loss
@@ -618,7 +649,8 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
       positive_frac (rows), kl_ref, entropy (when given)
       invalid_frac, zero_variance_group_share, filtered_group_share, long_negative_frac — from
                             keep_rows; absent when `keep` is passed in (log your own call's)."""
-    batch.validate()
+    if not on_device:
+        batch.validate()
     for name, t in [("logprobs", logprobs), ("advantages", advantages), ("entropy", entropy),
                     ("ref_logprobs", ref_logprobs)]:
         if t is not None and tuple(t.shape) != tuple(batch.input_ids.shape):
@@ -648,11 +680,11 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     mask = rl + il
     den = denominator if denominator is not None else aggregation_denominator(mask, cfg.agg, cfg.norm_length)
     parts = {"pg_loss": (cfg.rl_coef, pg, rl)}
-    metrics["imitation_loss"] = 0.0  # same keys whether or not this batch has prefilled turns
-    if il.any():
-        w = advantages if cfg.imitation_weight == "return" else \
-            chunk_discount(batch.chunk_ids, batch.num_chunks, cfg.gamma, logprobs.dtype)
-        parts["imitation_loss"] = (cfg.imitation_coef, imitation_loss(logprobs, w), il)
+    metrics["imitation_loss"] = logprobs.new_zeros((), dtype=torch.float64)  # same keys with or without
+    if imitation is None and il.any():
+        imitation = imitation_weights(batch, advantages, cfg, logprobs.dtype)
+    if imitation is not None and imitation is not False:
+        parts["imitation_loss"] = (cfg.imitation_coef, imitation_loss(logprobs, imitation), il)
     if cfg.kl_coef:
         kl = k3_kl(logprobs, ref_logprobs)
         parts["kl_loss"] = (cfg.kl_coef, kl, rl)
@@ -668,17 +700,19 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
         # every part is reduced with the shared denominators, so the parts add up to the loss
         value = aggregate(term, m, cfg.agg, den, row_tokens)
         loss = loss + coef * value
-        metrics[name] = float(value.detach())
+        metrics[name] = value.detach()
 
     n_rl = rl.sum()
-    r = ratio[rl > 0]
+    trained = rl > 0
+    some = trained.any()
+    zero = ratio.new_zeros(())
     metrics.update({
-        "loss": float(loss.detach()),
+        "loss": loss.detach(),
         "clip_frac_low": _ratio((lo.float() * rl).sum(), n_rl),
         "clip_frac_high": _ratio((hi.float() * rl).sum(), n_rl),
-        "ratio_min": float(r.min()) if r.numel() else 0.0,
-        "ratio_mean": float(r.mean()) if r.numel() else 0.0,
-        "ratio_max": float(r.max()) if r.numel() else 0.0,
-        **advantage_stats(advantages, rl),
+        "ratio_min": torch.where(some, torch.where(trained, ratio, float("inf")).min(), zero),
+        "ratio_mean": _ratio(torch.where(trained, ratio, zero).sum(), trained.sum()),
+        "ratio_max": torch.where(some, torch.where(trained, ratio, float("-inf")).max(), zero),
+        **_advantage_stats(advantages, rl),
     })
-    return loss, metrics, mask
+    return loss, (metrics if on_device else as_floats(metrics)), mask

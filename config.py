@@ -131,6 +131,10 @@ class TrainConfig:
     filter_sit_out: Annotated[int, ">= 1"] = 4               # ... the RL steps such a task is not drawn, after which it is tried again
     sync_check: bool = True                                  # after each sync, compare engine and trainer log-probs
     log_entropy: bool = True                                 # entropy metric (a softmax over the vocab per token)
+    head_block_logits: Annotated[int, ">= 0"] = 0            # logits per output-head block (caps its memory);
+    #                                                          0 = from the device: 1/16 of free GPU memory, CPU 2^24
+    pack_rows: bool = False                                  # a micro-batch's rows as one sequence: no padding through
+    #                                                          attention (flash-attention varlen where installed)
 
 
 @dataclass

@@ -127,12 +127,16 @@ def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = Fals
     # 8 x 32.8 GB for Qwen3-8B); the others build the model where it will live and take rank 0's
     # (tests/test_gpu_path.py::test_rank_0_alone_reads_the_weights)
     from_rank0 = distributed.world_size() > 1 and not (m.lora or frozen)
+    packed = packed_attention(device) if cfg.train.pack_rows else None
+    attn = {"attn_implementation": packed} if packed else {}
     if from_rank0 and dist.get_rank() != 0:
         from transformers import AutoConfig
         with torch.random.fork_rng(devices=[]), torch.device(device):  # its random init is overwritten: no draw counts
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path), dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path), dtype=torch.float32,
+                                                     **attn)
     else:
-        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32,
+                                                     **attn)
     if m.lora:
         from peft import LoraConfig, PeftModel, get_peft_model  # optional: LoRA runs only
         if resume:
@@ -218,8 +222,34 @@ def select_rows(batch, rows: list[int], extra: dict | None = None):
         elif isinstance(v, list):
             v = [v[i] for i in rows]
         fields[f.name] = v
-    sliced = {k: v[idx.to(v.device)][:, :T] for k, v in (extra or {}).items()}
-    return dataclasses.replace(batch, **fields), sliced
+    sliced = {k: v[idx.to(v.device)] for k, v in (extra or {}).items()}
+    return dataclasses.replace(batch, **fields), {k: v[:, :T] if v.dim() == 2 else v for k, v in sliced.items()}
+
+
+def device_micro_batches(batch, groups: list[list[int]], lengths: list[int], dev, extra: dict | None = None):
+    """(sub-batch, extra) of each group on `dev`, as select_rows gives them: every group's rows go to
+    the device in one copy, in group order, and each micro-batch is a slice of it, cut to its
+    longest row by the host's `lengths`; so the loop over them never waits for the device (a copy
+    from pageable host memory waits for the stream)."""
+    whole, ex = select_rows(batch, [r for g in groups for r in g], extra)
+    whole, ex = whole.to(dev), {k: v.to(dev) for k, v in ex.items()}
+    start = 0
+    for g in groups:
+        a, b, T = start, start + len(g), max(max(lengths[r] for r in g), 1)
+        start = b
+        fields = {}
+        for f in dataclasses.fields(whole):
+            v = getattr(whole, f.name)
+            fields[f.name] = (v[a:b, :T] if v.dim() == 2 else v[a:b]) if torch.is_tensor(v) else \
+                (v[a:b] if isinstance(v, list) else v)
+        yield dataclasses.replace(whole, **fields), {k: v[a:b, :T] if v.dim() == 2 else v[a:b] for k, v in ex.items()}
+
+
+def head_block(dev, setting: int) -> int:
+    """Logits per output-head block on `dev` (logprobs.head_block_logits; train.head_block_logits), from
+    the memory free now on a GPU: read once a step, before its micro-batches."""
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
+    return logprobs.head_block_logits(setting, dev.type, free)
 
 
 def micro_batches(model, lengths: list[int], rows, budget: int) -> tuple[list[list[int]], int]:
@@ -242,10 +272,15 @@ def _pad_to(x, T: int):
 
 
 def make_optimizer(model, lr: float, weight_decay: float, betas, warmup: int, total: int, schedule: str):
-    """AdamW over trainable params + linear warmup then constant or cosine decay (to 10%)."""
+    """AdamW over trainable params + linear warmup then constant or cosine decay (to 10%). On CUDA,
+    with every trainable weight an fp32 tensor of its own (not an FSDP2 shard), the fused kernel:
+    the same update in one launch, its step count kept on the device (torch/optim/adam.py,
+    _fused_adamw_); elsewhere the foreach implementation, as before."""
     params = [p for p in model.parameters() if p.requires_grad]
+    fused = bool(params) and all(p.device.type == "cuda" and p.dtype == torch.float32
+                                 and not hasattr(p, "placements") for p in params)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas),
-                            fused=False, foreach=True)
+                            fused=fused, foreach=not fused)
 
     def factor(s):
         if s < warmup:
@@ -261,45 +296,91 @@ def make_optimizer(model, lr: float, weight_decay: float, betas, warmup: int, to
 # log-probs
 
 
-def model_logprobs(model, input_ids, attention_mask=None, **kw):
+def model_logprobs(model, input_ids, attention_mask=None, lengths=None, forward_kw=None, **kw):
     """(lp, entropy) [B,T] of input_ids under `model`: the last hidden states go through the output
-    head in time blocks (logprobs.linear_token_logprobs, kw = its temperature/top_k/top_p/entropy
-    arguments), so the [B,T,V] logits are never held. The head is swapped for the duration of the
-    call, inside the model's forward, so DDP, FSDP2 and autocast see an ordinary forward."""
+    head in time blocks (logprobs.linear_token_logprobs, kw = its temperature/top_k/top_p/entropy/
+    block arguments), so the [B,T,V] logits are never held. The head is swapped for the duration of
+    the call, inside the model's forward, so DDP, FSDP2 and autocast see an ordinary forward. With
+    the rows' `lengths` (host ints) the rows are packed into one sequence (packed_logprobs)."""
+    if lengths is not None:
+        return packed_logprobs(model, input_ids, lengths, **kw)
     head = distributed.unwrap(model).get_output_embeddings()
     out = {}
+    fwd = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **(forward_kw or {}))
     if type(head) is not torch.nn.Linear or head.bias is not None:  # e.g. a LoRA-wrapped head: its own logits
-        return logprobs.token_logprobs(model(input_ids=input_ids, attention_mask=attention_mask,
-                                         use_cache=False).logits, input_ids, **kw)
+        return logprobs.token_logprobs(model(**fwd).logits, input_ids, **kw)
 
     def forward(hidden):
         lp, out["entropy"] = logprobs.linear_token_logprobs(hidden, head.weight, input_ids, **kw)
         return lp
     head.forward = forward
     try:
-        lp = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        lp = model(**fwd).logits
     finally:
         del head.forward  # the class's own forward again
     return lp, out["entropy"]
 
 
+def packed_attention(device: str) -> str | None:
+    """The attention a packed forward asks transformers for: flash-attention's varlen kernel on CUDA
+    where flash_attn is installed; else None, the model's default (SDPA), which transformers gives
+    the block-diagonal causal mask of the rows it finds in the position ids (masking_utils,
+    find_packed_sequence_indices)."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import flash_attn  # noqa: F401 -- only whether it is there
+    except ImportError:
+        return None
+    return "flash_attention_2"
+
+
+def packed_logprobs(model, input_ids, lengths: list[int], **kw):
+    """model_logprobs of the rows of input_ids [B,T] (right-padded; row b's tokens are its first
+    lengths[b]) forwarded as one sequence of sum(lengths) tokens, its position ids restarting at
+    each row, so attention runs over no padding: under flash-attention with the rows' cumulative
+    lengths made on the device from host ints (no look at the ids), else under a block-diagonal
+    mask. Position t's logits are row b's own for t > 0; the packed sequence's first token of each
+    row would read the previous row's last logits, and lp there is 0 by definition, as unpacked
+    (tests/test_packing.py checks it against the padded path)."""
+    dev, (B, T) = input_ids.device, input_ids.shape
+    flat = torch.cat([input_ids[b, :n] for b, n in enumerate(lengths)])[None]
+    pos = torch.cat([torch.arange(n, device=dev) for n in lengths])[None]
+    fkw = {"position_ids": pos}
+    if getattr(distributed.unwrap(model).config, "_attn_implementation", None) == "flash_attention_2":
+        sizes = torch.cat([torch.full((1,), n, dtype=torch.int32, device=dev) for n in [0] + list(lengths)])
+        cu = sizes.cumsum(0, dtype=torch.int32)
+        fkw.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+    lp, ent = model_logprobs(model, flat, None, forward_kw=fkw, **kw)
+
+    def unpack(x):
+        rows = torch.nn.utils.rnn.pad_sequence(list(x[0].split(list(lengths))), batch_first=True)
+        rows = torch.nn.functional.pad(rows, (0, T - rows.shape[1]))
+        return torch.cat([rows.new_zeros(B, 1), rows[:, 1:]], dim=1)
+    return unpack(lp), (unpack(ent) if ent is not None else None)
+
+
 def policy_logprobs(model, batch, budget: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
-                    rows=None):
+                    rows=None, block_logits: int = 0, pack: bool = False):
     """log π_θ(token) [B,T] under the current weights, no grad, in token-budget micro-batches, of
-    `rows` (default all; the others are 0)."""
+    `rows` (default all; the others are 0); read back once, after the last micro-batch. `pack`:
+    each micro-batch's rows as one sequence (packed_logprobs)."""
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
     rows = range(len(batch)) if rows is None else rows
-    groups, n_real = micro_batches(model, batch.attention_mask.sum(1).tolist(), rows, budget)
+    lengths = batch.attention_mask.sum(1).tolist()
+    groups, n_real = micro_batches(model, lengths, rows, budget)
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    block, lps = head_block(dev, block_logits), []
     model.eval()
     with torch.no_grad():
-        for i, g in enumerate(groups):
-            mb = select_rows(batch, g)[0].to(dev)
-            lp, _ = model_logprobs(model, mb.input_ids, mb.attention_mask, temperature=temperature,
-                                   top_k=top_k, top_p=top_p)
-            if i < n_real:
-                out[g] = _pad_to(lp.float().cpu(), T)
+        for i, (mb, _) in enumerate(device_micro_batches(batch, groups, lengths, dev)):
+            rows_len = [lengths[r] for r in groups[i]] if pack else None
+            lp, _ = model_logprobs(model, mb.input_ids, mb.attention_mask, rows_len, temperature=temperature,
+                                   top_k=top_k, top_p=top_p, block_logits=block)
+            lps += [lp.float()] if i < n_real else []
+        for g, lp in zip(groups, lps):
+            out[g] = _pad_to(lp.cpu(), T)
     if hasattr(model, "reshard"):  # FSDP2 leaves the root's parameters gathered after a forward without
         model.reshard()            # backward; the optimizer and the state-dict APIs expect the shards
     model.train()
@@ -342,17 +423,19 @@ def load_reference(cfg, device: str):
 
 
 def fill_ref_logprobs(model, ref_model, batch, budget: int, temperature: float = 1.0, top_k: int = -1,
-                      top_p: float = 1.0, rows=None):
+                      top_p: float = 1.0, rows=None, block_logits: int = 0, pack: bool = False):
     """batch.ref_logprobs = log π_ref(token) of `rows` (default all; the others are 0): from
     `ref_model` (load_reference), or under LoRA from `model` with its adapter disabled. π_ref is
     the reference weights' distribution over the sampler's support, as π_θ is (temperature, top_k,
     top_p), so the KL of a policy that has not moved is 0 (tests/test_train.py::
     test_pi_old_from_the_first_update_equals_a_separate_pass_bit_for_bit)."""
     if ref_model is not None:
-        batch.ref_logprobs = policy_logprobs(ref_model, batch, budget, temperature, top_k, top_p, rows)
+        batch.ref_logprobs = policy_logprobs(ref_model, batch, budget, temperature, top_k, top_p, rows,
+                                             block_logits, pack)
         return
     with distributed.unwrap(model).disable_adapter():
-        batch.ref_logprobs = policy_logprobs(model, batch, budget, temperature, top_k, top_p, rows)
+        batch.ref_logprobs = policy_logprobs(model, batch, budget, temperature, top_k, top_p, rows,
+                                             block_logits, pack)
 
 
 def dropout_active(model) -> bool:
@@ -376,44 +459,56 @@ def dropout_active(model) -> bool:
 def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budget: int, grad_clip: float,
                    extra: dict | None = None, full_mask=None, temperature: float = 1.0, top_k: int = -1,
                    top_p: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                   logprobs_out=None) -> tuple[dict, dict, torch.Tensor]:
+                   logprobs_out=None, block_logits: int = 0,
+                   pack: bool = False) -> tuple[dict, dict, torch.Tensor]:
     """One AdamW step on `rows` of `batch`: forward/backward each micro-batch, rescale, clip, step.
 
     micro_loss(lp, ent, mb, ex, rows) -> (summed loss, trained-token mask [b,t], metrics | None) for a
-    micro-batch `mb` of global `rows`, with `extra` [B,T] tensors sliced to it in `ex`.
+    micro-batch `mb` of global `rows`, with `extra` [B,T] or [B] tensors sliced to it in `ex`.
     denominator(mask [B,T]) -> float: the whole batch's. Its mask is `full_mask` (the trained-token
     mask of rows that count without being forwarded; zeros when None) with each forwarded
     micro-batch's mask written into its rows. `logprobs_out` [B,T], when given, receives each
-    forwarded row's log π_θ, taken before the step. Returns (row-weighted means of the micro-batch
-    metrics, this step's loss / grad_norm / lr / token counts, the whole batch's trained-token mask)."""
+    forwarded row's log π_θ, taken before the step. `pack`: each micro-batch's rows forwarded as one
+    sequence (packed_logprobs), no padding. Losses, masks and metrics stay on the device
+    until the last micro-batch has run (tests/test_learner_step.py pins the numbers). Returns
+    (row-weighted means of the micro-batch metrics, this step's loss / grad_norm / lr / token
+    counts, the whole batch's trained-token mask)."""
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
     lengths = batch.attention_mask.sum(1).tolist()
     groups, n_real = micro_batches(model, lengths, rows, budget)
-    full_mask = torch.zeros(batch.input_ids.shape) if full_mask is None else full_mask.clone()
-    mb_metrics, loss_sum = [], 0.0
+    block = head_block(dev, block_logits)
+    sums, n_rows, loss_sum, kept = {}, 0, torch.zeros((), dtype=torch.float64, device=dev), []
     opt.zero_grad(set_to_none=True)
     model.train()
-    for i, g in enumerate(groups):
-        mb, ex = select_rows(batch, g, extra)
-        mb = mb.to(dev)
+    for i, (mb, ex) in enumerate(device_micro_batches(batch, groups, lengths, dev, extra)):
+        g = groups[i]
         pad = i >= n_real  # one of those extra micro-batches: it keeps the collectives in step, adds nothing
         last = i == len(groups) - 1
         sync_ctx = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
         with sync_ctx:
-            lp, ent = model_logprobs(model, mb.input_ids, mb.attention_mask, temperature=temperature, top_k=top_k,
-                                     top_p=top_p, with_entropy=with_entropy, entropy_grad=entropy_grad)
-            loss, m, mm = micro_loss(lp, ent, mb, {k: v.to(dev) for k, v in ex.items()}, g)
-            if mm is not None and not pad:
-                mb_metrics.append((len(g), mm))
+            rows_len = [lengths[r] for r in g] if pack else None
+            lp, ent = model_logprobs(model, mb.input_ids, mb.attention_mask, rows_len,
+                                     temperature=temperature, top_k=top_k, top_p=top_p,
+                                     with_entropy=with_entropy, entropy_grad=entropy_grad, block_logits=block)
+            loss, m, mm = micro_loss(lp, ent, mb, ex, g)
             (loss * 0 if pad else loss).backward()
         if pad:
             continue
-        loss_sum += float(loss.detach())
-        full_mask[g] = _pad_to(m.detach().cpu().to(full_mask.dtype), T)
-        if logprobs_out is not None:
-            logprobs_out[g] = _pad_to(lp.detach().float().cpu(), T).to(logprobs_out.device)
-    den = denominator(full_mask)
+        for k, v in (mm or {}).items():
+            if k not in ("loss", "pg_loss", "imitation_loss", "kl_loss", "entropy_loss", "tokens_trained"):
+                sums[k] = sums.get(k, 0.0) + len(g) * v.double()
+        n_rows += len(g) if mm is not None else 0
+        loss_sum = loss_sum + loss.detach().double()
+        kept.append((g, m.detach(), lp.detach() if logprobs_out is not None else None))
+    # the step's one read of the device: masks, log-probs and metrics after every micro-batch ran
+    full_mask = torch.zeros(batch.input_ids.shape) if full_mask is None else full_mask.clone()
+    for g, m, lp in kept:
+        full_mask[g] = _pad_to(m.cpu().to(full_mask.dtype), T)
+        if lp is not None:
+            logprobs_out[g] = _pad_to(lp.float().cpu(), T).to(logprobs_out.device)
+    means = algo.as_floats({k: v / max(n_rows, 1) for k, v in sums.items()})
+    den, loss_sum = denominator(full_mask), float(loss_sum)
     world = distributed.world_size()
     if world > 1:  # DDP averaged the gradients over ranks; the loss is a global sum / global denominator
         t = torch.tensor([den, loss_sum], device=dev)
@@ -427,9 +522,6 @@ def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budg
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
-    n = sum(r for r, _ in mb_metrics) or 1
-    means = {k: sum(r * m.get(k, 0.0) for r, m in mb_metrics) / n for k in (mb_metrics[0][1] if mb_metrics else {})
-             if k not in ("loss", "pg_loss", "imitation_loss", "kl_loss", "entropy_loss", "tokens_trained")}
     return means, dict(loss=loss_sum / den, grad_norm=float(grad_norm), lr=sched.get_last_lr()[0],
                        tokens=int(sum(lengths)), trained_tokens=int(full_mask.sum()),
                        padding_frac=padding_fraction(lengths, groups[:n_real]), micro_batches=n_real,
@@ -451,7 +543,9 @@ def rl_step(model, opt, sched, batch, adv, acfg, tcfg, temperature: float = 1.0,
     per-micro-batch metrics (entropy, ratios, clip fractions) cover the rows that trained. Under
     algo.kl_coef, batch.ref_logprobs is filled for the rows that train (fill_ref_logprobs, with
     `ref_model`) unless it is already."""
-    budget, sampling = tcfg.micro_batch_tokens, dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    budget = tcfg.micro_batch_tokens
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, block_logits=tcfg.head_block_logits,
+                    pack=tcfg.pack_rows)
     keep, metrics = algo.keep_rows(batch, adv, acfg)
     rows, probe, known = algo.rows_that_train(batch, adv, keep, acfg)
     if batch.old_logprobs is None and keep_old and dropout_active(model):
@@ -468,15 +562,19 @@ def rl_step(model, opt, sched, batch, adv, acfg, tcfg, temperature: float = 1.0,
     if acfg.kl_coef and batch.ref_logprobs is None:
         fill_ref_logprobs(model, ref_model, batch, budget, rows=rows, **sampling)
 
+    batch.validate()  # once: the micro-batches' policy_loss runs on the device, unchecked
+
     def micro_loss(lp, ent, mb, ex, mb_rows):
-        kmb, amb = keep[mb_rows].to(lp.device), ex["adv"]
-        loss, mm, mask = algo.policy_loss(lp, mb, amb, acfg, ent, keep=kmb, denominator=1.0)
+        imitation = ex["imitation"] if bool(batch.imitation_mask[mb_rows].any()) else False  # host tensors
+        loss, mm, mask = algo.policy_loss(lp, mb, ex["adv"], acfg, ent, keep=ex["keep"], denominator=1.0,
+                                          on_device=True, imitation=imitation)
         return loss, mask, mm
 
     means, step, trained = optimizer_step(
         model, opt, sched, batch, rows, micro_loss,
-        lambda mask: algo.aggregation_denominator(mask, acfg.agg, acfg.norm_length),
-        budget, tcfg.grad_clip, extra={"adv": adv}, full_mask=known, with_entropy=tcfg.log_entropy,
+        lambda mask: algo.aggregation_denominator(mask, acfg.agg, acfg.norm_length), budget, tcfg.grad_clip,
+        extra={"adv": adv, "keep": keep, "imitation": algo.imitation_weights(batch, adv, acfg, adv.dtype)},
+        full_mask=known, with_entropy=tcfg.log_entropy,
         entropy_grad=bool(acfg.entropy_coef), logprobs_out=old if keep_old else None, **sampling)
     if keep_old and old is not None:
         batch.old_logprobs = old
@@ -503,5 +601,6 @@ def sft_step(model, opt, sched, batch, tcfg) -> dict:
         return -(lp * m).sum(), m, None
 
     means, step, _ = optimizer_step(model, opt, sched, batch, range(len(batch)), micro_loss,
-                                    lambda mask: max(float(mask.sum()), 1.0), tcfg.micro_batch_tokens, tcfg.grad_clip)
+                                    lambda mask: max(float(mask.sum()), 1.0), tcfg.micro_batch_tokens,
+                                    tcfg.grad_clip, block_logits=tcfg.head_block_logits, pack=tcfg.pack_rows)
     return {**means, **step}
