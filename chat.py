@@ -13,7 +13,8 @@ TOOLS = [
         "name": "bash",
         "description": "Run a shell command in the task's terminal and return its output and exit code.",
         "parameters": {"type": "object",
-                       "properties": {"command": {"type": "string", "description": "The bash command to run."}},
+                       "properties": {"command": {"type": "string",
+                                                  "description": "The bash command to run."}},
                        "required": ["command"]}}},
     {"type": "function", "function": {
         "name": "submit",
@@ -46,7 +47,8 @@ class ChatFormat:
         self.inline_tools = bool(tools) and self._renders_same_without_tools()
         text = self.render(self.BASE[:2] + [{"role": "assistant", "content": self.PROBE}])
         if self.PROBE not in text:
-            raise ValueError("the chat template does not render assistant content verbatim; cannot find turn ends")
+            raise ValueError("the chat template does not render assistant content verbatim; "
+                             "cannot find turn ends")
         self.turn_end_ids = self.encode(text.split(self.PROBE, 1)[1])
         if not self.turn_end_ids or self.turn_end_ids[0] not in tokenizer.all_special_ids:
             raise ValueError(f"the chat template's assistant turn must end in a special token, got "
@@ -108,7 +110,8 @@ def hermes_messages(messages, tools) -> list:
 
 
 def tool_call_text(name, arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+    return ("<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+            + "\n</tool_call>")
 
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)

@@ -54,7 +54,7 @@ class DifficultyFilter:
     def __init__(self, window: int, sit_out: int, lag: int = 0):
         self.window, self.sit_out, self.lag = window, sit_out, lag
         self.recent: dict[str, list[int]] = {}                 # task name -> latest outcomes, oldest first
-        self.benched: dict[str, list[tuple[int, int]]] = {}    # task name -> [(decided at step, out through step)]
+        self.benched: dict[str, list[tuple[int, int]]] = {}    # task name -> [(step d, out through step)]
 
     def sitting_out(self, step: int) -> set:
         """Names of the tasks benched at RL step `step` (0-based, as step_tasks counts)."""

@@ -73,7 +73,8 @@ _TRAINABLE = dict(ignore_frozen_params=True)
 
 
 def _trainer_state(model, opts: dict, weights: bool = True) -> dict:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
     options = StateDictOptions(**_TRAINABLE)
     return {**({"model": get_model_state_dict(model, options=options)} if weights else {}),
             **{key: get_optimizer_state_dict(model, opt, options=options) for key, opt in opts.items()}}
@@ -90,7 +91,8 @@ def save_shards(path: Path, model, opts: dict) -> dict:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     dcp.save(_trainer_state(model, opts), checkpoint_id=path)
-    mine = sorted(path.glob(f"__{dist.get_rank()}_*")) + ([path / ".metadata"] if dist.get_rank() == 0 else [])
+    mine = (sorted(path.glob(f"__{dist.get_rank()}_*"))
+            + ([path / ".metadata"] if dist.get_rank() == 0 else []))
     digests = {}
     for f in mine:
         with open(f, "rb") as fh:
@@ -103,7 +105,8 @@ def load_shards(path: Path, model, opts: dict, weights: bool = True):
     under: optimizer}) from save_shards' files, each rank reading the part it holds; the number of
     ranks and the parallel mode may differ from the run that wrote them (DCP reshards). Collective."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
     state = _trainer_state(model, opts, weights)
     dcp.load(state, checkpoint_id=path)  # in place; a key the files lack is an error
     options = StateDictOptions(**_TRAINABLE, strict=False)  # the frozen weights are not in the files
@@ -157,7 +160,8 @@ def init_distributed(device: str, timeout_min: float) -> tuple[int, int]:
     import torch.distributed as dist
     if device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=datetime.timedelta(minutes=timeout_min))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                            timeout=datetime.timedelta(minutes=timeout_min))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -184,11 +188,12 @@ def check_shared_dirs(paths: list, world: int):
         for p in paths:
             (Path(p) / name).unlink()
     blind = [f"rank {r} on {host}: {p} does not hold what rank 0 wrote in {p0}"
-             for r, (host, looked) in enumerate(seen) for (p, ok), (p0, _) in zip(looked, seen[0][1]) if not ok]
+             for r, (host, looked) in enumerate(seen)
+             for (p, ok), (p0, _) in zip(looked, seen[0][1]) if not ok]
     if blind:
         raise SystemExit("the ranks do not share a filesystem (" + "; ".join(blind) + "). Put out_dir (and "
-                         "model.path with model.build_tiny) on a filesystem every node mounts at the same path, "
-                         "e.g. NFS.")
+                         "model.path with model.build_tiny) on a filesystem every node mounts at the same "
+                         "path, e.g. NFS.")
 
 
 def engine_launch_kwargs() -> dict:
@@ -197,7 +202,8 @@ def engine_launch_kwargs() -> dict:
     every rank to cuda:0; "external_launcher" takes RANK/LOCAL_RANK from torchrun and the process
     group already there, as TRL's colocate mode and verl do (tests/test_gpu_path.py,
     test_two_ranks_run_independent_engines_on_their_own_devices)."""
-    return {"distributed_executor_backend": "external_launcher"} if int(os.environ.get("WORLD_SIZE", "1")) > 1 else {}
+    return ({"distributed_executor_backend": "external_launcher"}
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1 else {})
 
 
 def check_engine_placement(engine_device: str, engine_local_rank: int, trainer_device: str):
@@ -208,10 +214,11 @@ def check_engine_placement(engine_device: str, engine_local_rank: int, trainer_d
     want = f"cuda:{local}" if trainer_device.startswith("cuda") else "cpu"
     trainer = f"cuda:{torch.cuda.current_device()}" if want.startswith("cuda") else trainer_device
     if (engine_device, engine_local_rank, trainer) != (want, local, want):
-        raise RuntimeError(f"rank with LOCAL_RANK={local} expects engine and trainer on {want}; the engine is "
-                           f"on {engine_device} as local rank {engine_local_rank}, the trainer on {trainer}. "
-                           f"Under torchrun the engine needs distributed_executor_backend=external_launcher "
-                           f"(distributed.engine_launch_kwargs) and one visible GPU per rank.")
+        raise RuntimeError(
+            f"rank with LOCAL_RANK={local} expects engine and trainer on {want}; the engine is "
+            f"on {engine_device} as local rank {engine_local_rank}, the trainer on {trainer}. "
+            f"Under torchrun the engine needs distributed_executor_backend=external_launcher "
+            f"(distributed.engine_launch_kwargs) and one visible GPU per rank.")
 
 
 def wrap_parallel(model, cfg, device: str, compute_dtype=None):
@@ -231,7 +238,7 @@ def wrap_parallel(model, cfg, device: str, compute_dtype=None):
 
 
 def all_mean(values: list[float], world: int, weight: float = 1.0) -> list[float]:
-    """Per-rank means -> the mean over all ranks' items, `weight` = this rank's item count (shares can differ)."""
+    """Per-rank means -> the mean over all ranks' items, `weight` = this rank's item count (can differ)."""
     if world == 1:
         return values
     import torch

@@ -101,7 +101,7 @@ def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, 
 
 _MS_NUMBERS = {"train": (10, 49), "heldout": (50, 99)}   # what the tools print
 _MS_COUNTS = {"train": (3, 9), "heldout": (10, 16)}      # files in an archive: never a guessable 1 or 2
-_MS_TERMS = {"train": (10, 29), "heldout": (60, 79)}     # a script sums two: all train numbers < 60 <= held-out ones
+_MS_TERMS = {"train": (10, 29), "heldout": (60, 79)}     # a script sums two: train numbers < 60 <= held-out
 _MS_KEYS = ["workspace", "target", "output", "cache", "profile", "channel"]
 
 
@@ -147,7 +147,8 @@ def _grep(rng, split):
     w, *rest = _apart(words, 1 + 2 * len(stems), rng)
     body = {s: [rest[2 * j], rest[2 * j + 1]] for j, s in enumerate(stems)}
     body[target].insert(rng.randint(0, 2), w)
-    setup = "mkdir -p /app/box\n" + "\n".join(_put(f"/app/box/{s}.txt", "\n".join(b)) for s, b in body.items())
+    setup = "mkdir -p /app/box\n" + "\n".join(
+        _put(f"/app/box/{s}.txt", "\n".join(b)) for s, b in body.items())
     return (f"One of the files in /app/box contains the word {w}. Move that file to /app/found.txt.", setup,
             f"grep -l {w} /app/box/*\nmv /app/box/{target}.txt /app/found.txt",
             [("moved", _same("/app/found.txt", "\n".join(body[target]))),
@@ -165,7 +166,8 @@ def _longest(rng, split):
     setup = "mkdir -p /app/logs\n" + "\n".join(
         _put(f"/app/logs/{s}.txt", "\n".join(rng.choice(words) for _ in range(c))) for s, c in counts.items())
     return ("Of the files in /app/logs, which one has the most lines? Write its file name, without the "
-            "directory, to /app/answer.txt.", setup, f"wc -l /app/logs/*\necho {target}.txt > /app/answer.txt",
+            "directory, to /app/answer.txt.", setup,
+            f"wc -l /app/logs/*\necho {target}.txt > /app/answer.txt",
             [("answer", _is("/app/answer.txt", f"{target}.txt", f"/app/logs/{target}.txt"))],
             {"hidden": [target], "numbers": list(counts.values())})
 
@@ -191,8 +193,8 @@ def _pointer(rng, split):
     body = {s: f"{content[2 * j]}\n{content[2 * j + 1]}" for j, s in enumerate(stems)}
     setup = "mkdir -p /app/docs\n" + "\n".join(_put(f"/app/docs/{s}.txt", b) for s, b in body.items())
     setup += "\n" + _put("/app/pointer.txt", f"current: {target}.txt")
-    return ("/app/pointer.txt names one of the files in /app/docs. Copy that file to /app/current.txt.", setup,
-            f"cat /app/pointer.txt\ncp /app/docs/{target}.txt /app/current.txt",
+    return ("/app/pointer.txt names one of the files in /app/docs. Copy that file to /app/current.txt.",
+            setup, f"cat /app/pointer.txt\ncp /app/docs/{target}.txt /app/current.txt",
             [("copied", _same("/app/current.txt", body[target])),
              ("source_kept", _same(f"/app/docs/{target}.txt", body[target]))],
             {"hidden": [target], "numbers": []})
@@ -218,7 +220,8 @@ def _missing(rng, split):
     """Diagnose, then fix: the script's error names the directory it lacks; the script stays as it is."""
     words, *_ = _draw(rng, split)
     leaf, word = _apart(words, 2, rng)
-    where, n = f"/app/{rng.choice(['cache', 'spool', 'state', 'work'])}/{leaf}", rng.randint(*_MS_NUMBERS[split])
+    where, n = (f"/app/{rng.choice(['cache', 'spool', 'state', 'work'])}/{leaf}",
+                rng.randint(*_MS_NUMBERS[split]))
     script = (f"#!/bin/bash\ndir={where}\nif [ ! -d \"$dir\" ]; then\n"
               f"  echo \"run.sh: $dir: no such directory\" >&2\n  exit 1\nfi\n"
               f"echo '{word} {n}' > \"$dir/stamp\"\necho \"stamped $dir with {word} {n}\"")
@@ -226,7 +229,8 @@ def _missing(rng, split):
             "save what it prints to /app/output.txt.", _put("/app/run.sh", script),
             f"bash /app/run.sh\nmkdir -p {where}\nbash /app/run.sh > /app/output.txt",
             [("output", _same("/app/output.txt", f"stamped {where} with {word} {n}")),
-             ("stamp", _same(f"{where}/stamp", f"{word} {n}")), ("script_kept", _same("/app/run.sh", script))],
+             ("stamp", _same(f"{where}/stamp", f"{word} {n}")),
+             ("script_kept", _same("/app/run.sh", script))],
             {"hidden": [where], "numbers": [n]})
 
 
@@ -236,8 +240,8 @@ def _chmod(rng, split):
     drawn = {s: rng.randint(*_MS_NUMBERS[split]) for s in stems}
     out = {s: f"{w} {drawn[s]}" for s, w in zip(stems, _apart(words, len(stems), rng))}
     setup = "mkdir -p /app/bin\n" + "\n".join(
-        _put(f"/app/bin/{s}", f"#!/bin/bash\necho {o}") + f" && chmod {644 if s == target else 755} /app/bin/{s}"
-        for s, o in out.items())
+        _put(f"/app/bin/{s}", f"#!/bin/bash\necho {o}")
+        + f" && chmod {644 if s == target else 755} /app/bin/{s}" for s, o in out.items())
     return ("One program in /app/bin cannot be run because it lacks execute permission. Make it executable, "
             "run it, and save what it prints to /app/out.txt.", setup,
             f"ls -l /app/bin\nchmod +x /app/bin/{target}\n/app/bin/{target} > /app/out.txt",
@@ -249,14 +253,16 @@ def _crlf(rng, split):
     """Format repair: `file` tells which script has CRLF line endings (bash then fails on its '\\r')."""
     words, _, stems, target = _draw(rng, split)
     lo, hi = _MS_TERMS[split]
-    parts = {s: (w, rng.randint(lo, hi), rng.randint(lo, hi)) for s, w in zip(stems, _apart(words, len(stems), rng))}
+    parts = {s: (w, rng.randint(lo, hi), rng.randint(lo, hi))
+             for s, w in zip(stems, _apart(words, len(stems), rng))}
     setup = "mkdir -p /app/scripts\n" + "\n".join(
         _put(f"/app/scripts/{s}.sh", f"#!/bin/bash\na={a}\nb={b}\necho \"{w} $((a + b))\"")
         for s, (w, a, b) in parts.items())
     setup += f"\nsed -i 's/$/\\r/' /app/scripts/{target}.sh"
     w, a, b = parts[target]
-    return ("One of the scripts in /app/scripts was saved with Windows (CRLF) line endings and fails when run "
-            "with bash. Repair that script, run it with bash, and save what it prints to /app/result.txt.", setup,
+    return ("One of the scripts in /app/scripts was saved with Windows (CRLF) line endings and fails "
+            "when run with bash. Repair that script, run it with bash, and save what it prints to "
+            "/app/result.txt.", setup,
             f"file /app/scripts/*\nsed -i 's/\\r$//' /app/scripts/{target}.sh\n"
             f"bash /app/scripts/{target}.sh > /app/result.txt",
             [("repaired", f"! grep -q $'\\r' /app/scripts/{target}.sh"),
@@ -317,7 +323,8 @@ def generate_multistep_tasks(n: int, seed: int = 0, split: str = "train", kinds=
 
 
 # The generated families a run config's data.generated_family names.
-FAMILIES = {"easy": (generate_easy_tasks, EASY_KINDS), "multistep": (generate_multistep_tasks, MULTISTEP_KINDS)}
+FAMILIES = {"easy": (generate_easy_tasks, EASY_KINDS),
+            "multistep": (generate_multistep_tasks, MULTISTEP_KINDS)}
 
 
 def generate_tasks(family: str, n: int, seed: int = 0, split: str = "train", kinds=None) -> list[Task]:

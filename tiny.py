@@ -38,12 +38,14 @@ TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response
 
 # Qwen2's pre-tokenizer regex (transformers' Qwen2Tokenizer.PRETOKENIZE_REGEX).
 PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 # The Qwen2.5 tool-calling template, simplified in one way: every tool message is its own user turn
 # (Qwen merges consecutive tool messages into one turn, which breaks the prefix property when a
 # second tool message arrives). `arguments` may be a dict or an already-encoded JSON string.
+# Its two long lines are Qwen's tool prompt, verbatim (hence the noqa).
 CHAT_TEMPLATE = r"""{%- if messages and messages[0].role == 'system' %}
     {%- set system = messages[0].content %}
     {%- set rest = messages[1:] %}
@@ -85,7 +87,7 @@ CHAT_TEMPLATE = r"""{%- if messages and messages[0].role == 'system' %}
 {%- endfor %}
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\n' }}
-{%- endif %}"""
+{%- endif %}"""  # noqa: E501
 
 BASH_TOOL = {
     "type": "function",
@@ -144,8 +146,9 @@ INSTRUCTION_TEXT = [
 ]
 
 
-def render_chat(messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False) -> str:
-    """CHAT_TEMPLATE rendered the way transformers does it (used to build the corpus before a tokenizer exists)."""
+def render_chat(messages: list[dict], tools: list[dict] | None = None,
+                add_generation_prompt: bool = False) -> str:
+    """CHAT_TEMPLATE rendered as transformers does it (used to build the corpus before a tokenizer exists)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -162,7 +165,8 @@ def default_corpus() -> list[str]:
         chats.append(render_chat([
             {"role": "user", "content": INSTRUCTION_TEXT[i % len(INSTRUCTION_TEXT)]},
             {"role": "assistant", "content": thought,
-             "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": command}}}]},
+             "tool_calls": [{"type": "function",
+                             "function": {"name": "bash", "arguments": {"command": command}}}]},
             {"role": "tool", "content": INSTRUCTION_TEXT[(i + 2) % len(INSTRUCTION_TEXT)]},
             {"role": "assistant", "content": "<think>\nDone.\n</think>\n\n" + INSTRUCTION_TEXT[-1]},
         ], tools=[BASH_TOOL]))
@@ -171,7 +175,8 @@ def default_corpus() -> list[str]:
 
 def train_tokenizer(corpus: list[str], vocab_size: int):
     """Byte-level BPE with Qwen's pre-tokenizer and special tokens, at most `vocab_size` ids in all."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors,
+                            trainers)
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
@@ -222,7 +227,8 @@ def build_tiny_model(
 ) -> Path:
     """Train the tokenizer, init a random Qwen3 model with `seed`, save both to `out_dir`; skip if built."""
     if head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
-        raise ValueError(f"head_dim={head_dim}: vLLM's CPU attention supports 32, 64, 80, 96, 112, 128, ...; use 64")
+        raise ValueError(f"head_dim={head_dim}: vLLM's CPU attention supports 32, 64, 80, 96, 112, 128, "
+                         "...; use 64")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
     out_dir = Path(out_dir)
@@ -317,7 +323,8 @@ def build_for_tasks(out_dir, tasks, system_prompt: str, tools, generated_seed: i
     return build_tiny_model(out_dir, corpus=oracle_corpus(tasks, system_prompt, tools), **kwargs)
 
 
-def bench_forward_backward(model_dir, batch: int = 4, seq_len: int = 512, steps: int = 3) -> tuple[float, float]:
+def bench_forward_backward(model_dir, batch: int = 4, seq_len: int = 512,
+                           steps: int = 3) -> tuple[float, float]:
     """(tokens per wall second, tokens per CPU second) of a plain fp32 forward+backward.
 
     The second figure does not depend on what else the shared machine runs; times the thread count
@@ -327,7 +334,8 @@ def bench_forward_backward(model_dir, batch: int = 4, seq_len: int = 512, steps:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq_len),
+                        generator=torch.Generator().manual_seed(0))
     model(input_ids=ids, labels=ids).loss.backward()  # warm-up
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
@@ -340,18 +348,21 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--corpus", help="optional text file; each paragraph (blank-line separated) is one string")
+    ap.add_argument("--corpus",
+                    help="optional text file; each paragraph (blank-line separated) is one string")
     ap.add_argument("--bench", action="store_true", help="time forward+backward of 4 x 512 tokens")
     a = ap.parse_args()
     corpus = Path(a.corpus).read_text().split("\n\n") if a.corpus else None
     t0 = time.perf_counter()
     path = build_tiny_model(a.out_dir, corpus=corpus, seed=a.seed)
     info = json.loads((path / "tiny_build.json").read_text())
-    print(f"{path}: {info['num_params'] / 1e6:.2f}M params, vocab {json.loads((path / 'config.json').read_text())['vocab_size']}"
+    print(f"{path}: {info['num_params'] / 1e6:.2f}M params, "
+          f"vocab {json.loads((path / 'config.json').read_text())['vocab_size']}"
           f" ({time.perf_counter() - t0:.1f}s)")
     if a.bench:
         import torch
 
         wall, cpu = bench_forward_backward(path)
         print(f"forward+backward 4x512 fp32: {wall:.0f} tokens/s wall, {cpu:.0f} tokens per CPU-second "
-              f"(x{torch.get_num_threads()} threads = {cpu * torch.get_num_threads():.0f} tokens/s on an idle machine)")
+              f"(x{torch.get_num_threads()} threads = {cpu * torch.get_num_threads():.0f} tokens/s "
+              "on an idle machine)")

@@ -77,7 +77,8 @@ def host_rates(urls: list, tasks: list, episodes: int, threads: int) -> list:
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(lambda _: env.reset(tasks[0]).close(), range(episodes)))
         wall = time.perf_counter() - t0
-        rows.append((f"{n} host(s): reset + close, warm pool 2/host", f"{episodes / wall:.2f} /s", f"{wall:.1f} s"))
+        rows.append((f"{n} host(s): reset + close, warm pool 2/host", f"{episodes / wall:.2f} /s",
+                     f"{wall:.1f} s"))
     return rows
 
 
@@ -87,7 +88,8 @@ def bench_hosts(args):
     try:
         rows = []
         for n in args.hosts:
-            urls = ["unix:///var/run/docker.sock,name=main"] + ([f"{second.url},name=second"] if n == 2 else [])
+            urls = (["unix:///var/run/docker.sock,name=main"]
+                    + ([f"{second.url},name=second"] if n == 2 else []))
             rows += host_rates(urls, tasks, args.episodes, args.threads)
     finally:
         if second:
@@ -107,12 +109,13 @@ def bench_hang():
     tok = tiny.train_tokenizer(tiny.default_corpus(), 4096)
     second, t0, marks = Dockerd().start(), time.time(), []
     try:
-        with E.Env(hosts=["unix:///var/run/docker.sock,capacity=2,name=main", f"{second.url},capacity=2,name=second"]) as env, \
+        with E.Env(hosts=["unix:///var/run/docker.sock,capacity=2,name=main",
+                          f"{second.url},capacity=2,name=second"]) as env, \
                 ScriptedPolicy(tok, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
             sec, out = env._hosts.hosts[1], {}
             cfg = R.RolloutConfig(max_turns=4, num_workers=4, group_size=1, command_timeout_s=5)
-            th = threading.Thread(target=lambda: out.update(t=R.collect(G.generate_easy_tasks(4), policy, env, cfg,
-                                                                          progress=False)))
+            th = threading.Thread(target=lambda: out.update(
+                t=R.collect(G.generate_easy_tasks(4), policy, env, cfg, progress=False)))
             th.start()
             while sum(t.host is sec and t.task is not None and not t.closed for t in list(env._terms)) < 2:
                 time.sleep(0.05)
@@ -131,7 +134,8 @@ def bench_hang():
         second.remove()
     for t, what in sorted(marks):
         print(f"{t - t0:7.2f}  {what}")
-    print(f"load average {os.getloadavg()[0]:.1f}; episodes running it again log a line each above (termrl.rollout)")
+    print(f"load average {os.getloadavg()[0]:.1f}; "
+          "episodes running it again log a line each above (termrl.rollout)")
 
 
 def main():
@@ -142,7 +146,8 @@ def main():
                     help="start and reset rates on 1 and/or 2 Docker hosts (the second started here)")
     ap.add_argument("--episodes", type=int, default=24, help="--hosts: containers per measurement")
     ap.add_argument("--threads", type=int, default=8, help="--hosts: resets at once")
-    ap.add_argument("--hang", action="store_true", help="the timeline of a second host that hangs mid-rollout")
+    ap.add_argument("--hang", action="store_true",
+                    help="the timeline of a second host that hangs mid-rollout")
     args = ap.parse_args()
     if args.hang:
         return bench_hang()
@@ -154,13 +159,15 @@ def main():
         term = env.reset(task)
         api = env.client.api
         assert term.run("echo hi").output == "hi\n"
-        rows.append(("command: persistent session (Terminal.run)", *median_ms(lambda: term.run("echo hi"), args.commands)))
+        rows.append(("command: persistent session (Terminal.run)",
+                     *median_ms(lambda: term.run("echo hi"), args.commands)))
 
         def sdk_exec():
             ex = api.exec_create(term.id, ["bash", "-c", "echo hi"])
             api.exec_start(ex["Id"])
             api.exec_inspect(ex["Id"])  # the exit code, which an agent needs too
-        rows.append(("command: docker exec per command (SDK)", *median_ms(sdk_exec, max(10, args.commands // 10))))
+        rows.append(("command: docker exec per command (SDK)",
+                     *median_ms(sdk_exec, max(10, args.commands // 10))))
         cli = ["docker", "exec", term.id, "bash", "-c", "echo hi"]
         rows.append(("command: `docker exec` CLI per command", *median_ms(
             lambda: subprocess.run(cli, capture_output=True, check=True), max(10, args.commands // 20))))
@@ -174,7 +181,8 @@ def main():
         # a server the agent left listening stays up: the tests run in a commit of the container beside it
         serve = ("nohup python3 -m http.server 8000 >/dev/null 2>&1 & "
                  "for _ in $(seq 100); do grep -q ' 0A ' /proc/net/tcp* && break; sleep 0.1; done")
-        rows.append(("grade: a service left running (grading container)", *grade_ms(env, task, serve, args.resets)))
+        rows.append(("grade: a service left running (grading container)",
+                     *grade_ms(env, task, serve, args.resets)))
         # the agent made /tests: rm and mkdir in the container, the tests in by put_archive
         rows.append(("grade: /tests left by the agent (rm, put_archive)",
                      *grade_ms(env, task, "mkdir /tests", args.resets)))

@@ -59,8 +59,10 @@ def main():
     a = ap.parse_args()
     import tiny
     tok = tiny.train_tokenizer(tiny.default_corpus(), 4096)
-    print(f"fixed-latency scripted policy: {a.latency}s per engine step, {a.commands} x `{a.cmd}` + submit per episode")
-    print(f"{'threads':>7} {'episodes':>8} {'wall_s':>7} {'ep/min':>7} {'gen_s':>6} {'env_s':>6} {'overlap':>7}   per episode: reset / commands / grade / close / waiting for gen (s)")
+    print(f"fixed-latency scripted policy: {a.latency}s per engine step, "
+          f"{a.commands} x `{a.cmd}` + submit per episode")
+    print(f"{'threads':>7} {'episodes':>8} {'wall_s':>7} {'ep/min':>7} {'gen_s':>6} {'env_s':>6} "
+          f"{'overlap':>7}   per episode: reset / commands / grade / close / waiting for gen (s)")
     with E.Env(warm=a.warm) as env:
         run(1, 1, a.latency, a.cmd, 1, tok, env)  # warm-up: first container start, imports
         for n in a.threads:

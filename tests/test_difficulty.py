@@ -7,10 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import torch
 
-import difficulty
 from difficulty import DifficultyFilter, step_tasks, zero_adv_frac
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +117,8 @@ def test_a_short_run_with_the_filter_on_logs_and_resumes_it(tiny_model_dir, tmp_
             (["--set", o] for o in overrides + [f"out_dir={out}", f"train.steps={steps}"]), [])
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-        return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["phase"] == "rl"]
+        return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                if r["phase"] == "rl"]
 
     whole = run(tmp_path / "whole", 3)
     assert all(r["success"] == 0.0 for r in whole)  # the premise: every task is never solved

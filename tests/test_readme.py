@@ -111,7 +111,8 @@ def _free_port() -> int:
 NODE = ("torchrun --nnodes 2 --node-rank {} --nproc-per-node 8 --master-addr node0 --master-port 29500 "
         "train.py --config configs/qwen3-full-8gpu.yaml")
 ON_THIS_MACHINE = [("--nproc-per-node 8", "--nproc-per-node 2"),
-                   ("--master-addr node0 --master-port 29500", f"--master-addr 127.0.0.1 --master-port {_free_port()}")]
+                   ("--master-addr node0 --master-port 29500",
+                    f"--master-addr 127.0.0.1 --master-port {_free_port()}")]
 
 
 RULES = {
@@ -121,7 +122,8 @@ RULES = {
     "python train.py --config configs/tiny.yaml --set train.steps=4 --set run_name=tiny-4steps":
         Rule(append=SHORT + " --set train.steps=1 --set eval.every=0",
              check=lambda r, clone: (clone / "runs" / "tiny-4steps" / "summary.txt").exists()),
-    "python train.py --config configs/tiny.yaml --dry-run": Rule(check=lambda r, clone: "dry run: OK" in r.stdout),
+    "python train.py --config configs/tiny.yaml --dry-run":
+        Rule(check=lambda r, clone: "dry run: OK" in r.stdout),
     "python train.py --config configs/tiny.yaml --resume":
         Rule(append=SHORT + " --set train.steps=3", needs=[DEMO], check=_check_resume),
     "python train.py --config configs/tiny.yaml --restart":
@@ -135,10 +137,13 @@ RULES = {
                          append="& " + functools.reduce(lambda line, r: line.replace(*r), ON_THIS_MACHINE,
                                                         NODE.format(1)) + "; wait $!",
                          check=lambda r, clone: _check_no_gpu_once(r, clone, nodes=2)),
-    NODE.format(1): Rule(skip="runs beside node 0's line, in that line's rule: one node alone waits for the other"),
-    "python bench/compare_algos.py": Rule(append="--seeds 0 --variants grpo " + SHORT + " --set train.steps=1 --set eval.every=0",
-                                          check=lambda r, clone: (clone / "runs" / "compare-tiny" / "compare.md").exists()),
-    "python scripts/get_smollm2.py": Rule(check=lambda r, clone: Path(r.stdout.split()[-1], "config.json").exists()),
+    NODE.format(1):
+        Rule(skip="runs beside node 0's line, in that line's rule: one node alone waits for the other"),
+    "python bench/compare_algos.py":
+        Rule(append="--seeds 0 --variants grpo " + SHORT + " --set train.steps=1 --set eval.every=0",
+             check=lambda r, clone: (clone / "runs" / "compare-tiny" / "compare.md").exists()),
+    "python scripts/get_smollm2.py":
+        Rule(check=lambda r, clone: Path(r.stdout.split()[-1], "config.json").exists()),
     "python train.py --config configs/smollm2-cpu.yaml": Rule(
         append=SHORT + " --set train.steps=1 --set eval.every=0",
         needs=["python scripts/get_smollm2.py"],
@@ -151,22 +156,28 @@ RULES = {
         check=lambda r, clone: "generation" in r.stdout and "trainer" not in r.stdout),
     "python tasktool.py validate tasks/ --k 3 --json validate.json":
         Rule(replace=[("tasks/ ", "tasks/fix-json-config ")], append="--k 1",
-             check=lambda r, clone: json.loads((clone / "validate.json").read_text())["tasks"][0]["status"] == "ok"),
+             check=lambda r, clone: json.loads((clone / "validate.json").read_text())["tasks"][0]["status"]
+             == "ok"),
     "python tasktool.py shell tasks/git-merge-conflict": Rule(stdin="pwd\nexit\n", check=_check_shell),
     # "Running official Terminal-Bench tasks": tests/fixtures (one TB1, one Harbor task) as the checkout
     f"python tasktool.py validate {TB} --k 3 --flake-runs 30 --load 4 --json validate.json":
         Rule(replace=[(TB, "tests/fixtures")], append="--k 1 --flake-runs 2 --load 2",
-             check=lambda r, clone: [t["status"] for t in json.loads((clone / "validate.json").read_text())["tasks"]]
+             check=lambda r, clone: [t["status"]
+                                     for t in json.loads((clone / "validate.json").read_text())["tasks"]]
              == ["ok", "ok"]),
-    f"python tasktool.py validate {TB} --build-network default --agent-network none --grading-network default":
-        Rule(replace=[(TB, "tests/fixtures")], append="--k 1", check=lambda r, clone: "2/2 tasks ok" in r.stdout),
+    f"python tasktool.py validate {TB} --build-network default --agent-network none "
+    "--grading-network default":
+        Rule(replace=[(TB, "tests/fixtures")], append="--k 1",
+             check=lambda r, clone: "2/2 tasks ok" in r.stdout),
     f"python evaluate.py run --config configs/tiny.yaml --tasks {TB} --k 8 --model runs/tiny --out eval/tb/":
         Rule(replace=[(TB, "tests/fixtures")], append="--k 1", needs=[DEMO],
-             check=lambda r, clone: len(json.loads((clone / "eval" / "tb" / "eval.json").read_text())["tasks"]) == 2),
+             check=lambda r, clone: len(json.loads(
+                 (clone / "eval" / "tb" / "eval.json").read_text())["tasks"]) == 2),
     EVAL: Rule(replace=[("--tasks tasks/ ", "--tasks tasks/fix-json-config ")], append="--k 2", needs=[DEMO],
                check=lambda r, clone: json.loads((clone / "eval" / "eval.json").read_text())),
     "python evaluate.py curate eval/eval.json --min-pass 0.1 --max-pass 0.9 --out train-tasks.json":
-        Rule(needs=[EVAL], check=lambda r, clone: "tasks" in json.loads((clone / "train-tasks.json").read_text())),
+        Rule(needs=[EVAL],
+             check=lambda r, clone: "tasks" in json.loads((clone / "train-tasks.json").read_text())),
     "python evaluate.py behaviour runs/tiny/trajectories.jsonl":
         Rule(needs=[DEMO], check=lambda r, clone: "episodes" in r.stdout),
     "python bench/bench_env.py": Rule(append="--commands 20 --resets 2"),
@@ -183,12 +194,13 @@ RULES = {
 
 def test_every_readme_command_has_a_rule():
     missing = [c for c in readme_commands() if c not in RULES]
-    assert not missing, (f"README commands with no entry in tests/test_readme.py RULES (say how to run "
-                         f"them shortened, or why not): {missing}")
+    assert not missing, (f"README commands with no entry in tests/test_readme.py RULES "
+                         f"(say how to run them shortened, or why not): {missing}")
 
 
 def test_readme_commands_parse_from_the_fenced_blocks():
-    text = "x\n```bash\npython a.py --k 3   # note\n\n# a comment line\nmake b\n```\n```python\nnot_me()\n```\n"
+    text = ("x\n```bash\npython a.py --k 3   # note\n\n# a comment line\nmake b\n```\n"
+            "```python\nnot_me()\n```\n")
     assert readme_commands(text) == ["python a.py --k 3", "make b"]
 
 
@@ -202,20 +214,23 @@ def test_readme_is_a_guide_whose_figures_point_to_the_results():
     the text of a link into docs/results.md, and every link into docs/ names a file (and heading)
     that exists."""
     text = README.read_text()
-    assert len(text.splitlines()) <= 300, f"README.md is {len(text.splitlines())} lines: move detail to docs/"
+    assert len(text.splitlines()) <= 300, \
+        f"README.md is {len(text.splitlines())} lines: move detail to docs/"
     section = text.split("## What it achieves", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")][1:]
     assert rows, "no rows in the README's What it achieves table"
     for row in rows:
         figure = row.strip("|").split("|", 1)[1]
         assert "](docs/results.md#" in figure, row
-        assert not re.search(r"\d", re.sub(r"\[[^\]]*\]\([^)]*\)", "", figure)), f"a figure outside a link: {row}"
+        assert not re.search(r"\d", re.sub(r"\[[^\]]*\]\([^)]*\)", "", figure)), \
+            f"a figure outside a link: {row}"
     for target, anchor in re.findall(r"\]\((docs/[^)#]+)(#[^)]*)?\)", text):
         doc = ROOT / target
         assert doc.exists(), f"README links to {target}, which does not exist"
         if anchor:
             headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", doc.read_text(), re.M)}
-            assert anchor in headings, f"README links to {target}{anchor}: no such heading ({sorted(headings)})"
+            assert anchor in headings, \
+                f"README links to {target}{anchor}: no such heading ({sorted(headings)})"
 
 
 @pytest.fixture(scope="module")
@@ -281,9 +296,11 @@ def test_readme_command(cmd, clone):
         d, env = clone
         # under `make test` (CI) the parent make's MAKELEVEL would add "Entering directory" lines
         env = {k: v for k, v in env.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
-        recipe = subprocess.run(["make", "--no-print-directory", "-n", cmd.split()[1], "PYTHON=python"], cwd=d,
-                                env=env, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-        assert recipe in RULES and not RULES[recipe].skip, f"{cmd} runs {recipe!r}, which the README does not show"
+        recipe = subprocess.run(["make", "--no-print-directory", "-n", cmd.split()[1], "PYTHON=python"],
+                                cwd=d, env=env, capture_output=True, text=True,
+                                check=True).stdout.strip().splitlines()[-1]
+        assert recipe in RULES and not RULES[recipe].skip, \
+            f"{cmd} runs {recipe!r}, which the README does not show"
         return
     r = _run(cmd, clone)
     if rule.check is not None:

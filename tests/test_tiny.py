@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def call(command, as_string=False):
     args = {"command": command}
-    return {"type": "function", "function": {"name": "bash", "arguments": json.dumps(args) if as_string else args}}
+    return {"type": "function", "function": {"name": "bash",
+                                             "arguments": json.dumps(args) if as_string else args}}
 
 
 # An agent episode as rollout.py builds it, with awkward tool output (unicode, CRLF, tabs, trailing
@@ -27,7 +28,8 @@ CONVERSATION = [
     {"role": "user", "content": "Create hello.txt containing hello."},
     {"role": "assistant", "content": "I will look around.", "tool_calls": [call("ls -la")]},
     {"role": "tool", "content": "total 0\r\n\tdrwx  é ☃ 🙂  \n<tool_call> not a call "},
-    {"role": "assistant", "content": "", "tool_calls": [call("echo 'hello' > hello.txt && cat hello.txt", True)]},
+    {"role": "assistant", "content": "",
+     "tool_calls": [call("echo 'hello' > hello.txt && cat hello.txt", True)]},
     {"role": "tool", "content": ""},
     {"role": "assistant", "content": "<think>\nDone.\n</think>\n\nThe file exists."},
 ]
@@ -85,7 +87,8 @@ def test_chat_template_renders_qwen_tool_format(tok):
 
 
 def test_rendering_is_prefix_stable(tok):
-    """chat.ChatFormat takes observation deltas: messages[:n] must render (and tokenize) as a prefix of messages[:n+1]."""
+    """chat.ChatFormat takes observation deltas: messages[:n] must render (and tokenize) as a prefix
+    of messages[:n+1]."""
     for n in range(1, len(CONVERSATION)):
         short, long = render(tok, CONVERSATION[:n]), render(tok, CONVERSATION[:n + 1])
         assert long.startswith(short), n
@@ -103,7 +106,7 @@ def test_encode_decode_round_trips_exactly(tok):
     text = render(tok, CONVERSATION, add_generation_prompt=True)
     ids = encode(tok, text)
     assert tok.decode(ids) == text
-    assert tok.decode(ids[:len(ids) // 2]) + tok.decode(ids[len(ids) // 2:]) == text  # split at an ASCII token
+    assert tok.decode(ids[:len(ids) // 2]) + tok.decode(ids[len(ids) // 2:]) == text  # cut at an ASCII token
     assert tok.convert_tokens_to_ids("<tool_call>") in ids
 
 
@@ -122,7 +125,8 @@ def test_build_is_idempotent_seeded_and_uses_the_corpus(tmp_path, tiny_model_dir
     assert (a / "tokenizer.json").read_text() == (b / "tokenizer.json").read_text()
     # The corpus shapes the vocabulary: its made-up word becomes a few tokens.
     word = " zorblax"
-    assert len(encode(AutoTokenizer.from_pretrained(a), word)) < len(encode(AutoTokenizer.from_pretrained(tiny_model_dir), word))
+    assert (len(encode(AutoTokenizer.from_pretrained(a), word))
+            < len(encode(AutoTokenizer.from_pretrained(tiny_model_dir), word)))
 
 
 def test_bad_arguments_fail_clearly(tmp_path):
@@ -152,7 +156,8 @@ def test_vllm_cpu_serves_it_and_takes_weight_updates(tiny_model_dir):
     Runs in a child process: deleting an in-process vllm.LLM tears down vLLM's global parallel state,
     which would break the session's shared engine (conftest's vllm_engine).
     """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, __file__, str(tiny_model_dir)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -176,7 +181,8 @@ def vllm_check(model_dir):
 
     def sample():
         out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0].outputs[0]
-        return list(out.token_ids), torch.tensor([lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]), out.text
+        return (list(out.token_ids),
+                torch.tensor([lp[t].logprob for t, lp in zip(out.token_ids, out.logprobs)]), out.text)
 
     def max_diff(model, ids, lps):
         return (hf_logprobs(model, prompt + ids)[len(prompt):] - lps).abs().max().item()
@@ -190,7 +196,8 @@ def vllm_check(model_dir):
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": [(n, p.detach()) for n, p in hf.named_parameters()]})
+    llm.collective_rpc("reload_weights",
+                       kwargs={"weights_iterator": [(n, p.detach()) for n, p in hf.named_parameters()]})
     llm.reset_prefix_cache()  # the prompt's cached KV was computed with the old weights
     ids, lps, _ = sample()
     r.update(v1_max_diff=max_diff(hf, ids, lps),
