@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM
 
 import algo
 import logprobs
+import memory_plan
 import distributed
 
 
@@ -112,8 +113,10 @@ def cpu_bf16_note(cfg, device: str) -> str | None:
             "many times slower than fp32; use --set model.dtype=fast (bf16 only where the CPU has the units)")
 
 
-def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = False):
-    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming.
+def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = False, random_weights: bool = False):
+    """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming; with
+    `random_weights`, built on the device from model.path's config.json alone (a benchmark's model
+    of a shipped shape: configs/models/, no download).
 
     Full fine-tuning keeps fp32 master weights (and so fp32 AdamW state) and computes in
     compute_dtype: a bf16 weight rounds away any update below 2^-8 of itself, which at lr 1e-6 is
@@ -129,7 +132,12 @@ def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = Fals
     from_rank0 = distributed.world_size() > 1 and not (m.lora or frozen)
     packed = packed_attention(device) if cfg.train.pack_rows else None
     attn = {"attn_implementation": packed} if packed else {}
-    if from_rank0 and dist.get_rank() != 0:
+    if random_weights:
+        from transformers import AutoConfig
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path), **attn,
+                                                     dtype=dtype if m.lora or frozen else torch.float32)
+    elif from_rank0 and dist.get_rank() != 0:
         from transformers import AutoConfig
         with torch.random.fork_rng(devices=[]), torch.device(device):  # its random init is overwritten: no draw counts
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path), dtype=torch.float32,
@@ -246,10 +254,10 @@ def device_micro_batches(batch, groups: list[list[int]], lengths: list[int], dev
 
 
 def head_block(dev, setting: int) -> int:
-    """Logits per output-head block on `dev` (logprobs.head_block_logits; train.head_block_logits), from
-    the memory free now on a GPU: read once a step, before its micro-batches."""
+    """Logits per output-head block on `dev` (memory_plan.head_block_logits; train.head_block_logits),
+    from the memory free now on a GPU: read once a step, before its micro-batches."""
     free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
-    return logprobs.head_block_logits(setting, dev.type, free)
+    return memory_plan.head_block_logits(setting, dev.type, free)
 
 
 def micro_batches(model, lengths: list[int], rows, budget: int) -> tuple[list[list[int]], int]:

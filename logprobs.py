@@ -60,7 +60,7 @@ def _exactly_k(x, k):
     kth = x.topk(k, dim=-1).values[..., -1:]
     above = x > kth
     tied = x == kth
-    return above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+    return above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= k - above.sum(-1, keepdim=True)))
 
 
 def _top_p_prefix(xs, top_p):
@@ -82,25 +82,8 @@ def _exact_top_p_of_k(x, keep, k, top_p):
     return torch.zeros_like(keep).scatter(-1, ids.gather(-1, order), _top_p_prefix(vals, top_p))
 
 
-CPU_BLOCK_LOGITS = 2 ** 24       # a laptop's block: 256 MiB of fp32 logits and their gradient
-MAX_BLOCK_LOGITS = 2 ** 28       # past this a block's kernels are already long: more only costs memory
-MIN_BLOCK_LOGITS = 2 ** 16
-HEAD_BYTES_PER_LOGIT = 16        # a block alive at once: fp32 logits, the masked copy, exp(z − lse), a grad
-FREE_SHARE = 16                  # a block takes at most 1/16 of the memory free at the step's start
-
-
-def head_block_logits(setting: int, device_type: str, free_bytes: int | None = None) -> int:
-    """Logits per output-head block (train.head_block_logits): `setting` when > 0; else on a GPU the
-    largest power of two whose block (HEAD_BYTES_PER_LOGIT bytes a logit) fits 1/FREE_SHARE of
-    `free_bytes`, within [MIN_BLOCK_LOGITS, MAX_BLOCK_LOGITS] (few, long kernels: each block's head
-    matmul is redone in backward); CPU_BLOCK_LOGITS elsewhere (tests/test_logprobs.py::
-    test_head_blocks_are_sized_from_the_device_and_change_no_logprob)."""
-    if setting > 0:
-        return setting
-    if device_type != "cuda" or free_bytes is None:
-        return CPU_BLOCK_LOGITS
-    fit = free_bytes // (FREE_SHARE * HEAD_BYTES_PER_LOGIT)
-    return max(MIN_BLOCK_LOGITS, min(MAX_BLOCK_LOGITS, 1 << (max(fit, 1).bit_length() - 1)))
+CPU_BLOCK_LOGITS = 2 ** 24  # the default head block, 256 MiB of fp32 logits (memory_plan.head_block_logits
+#                             sizes it from the device)
 
 
 def _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_grad):
@@ -165,7 +148,7 @@ def linear_token_logprobs(hidden, weight, input_ids, temperature=1.0, with_entro
     """token_logprobs of logits = hidden @ weight.T (the output head), without ever holding them:
     each time block's logits are made, reduced to [B,t] and dropped, and made again in backward
     (activation checkpointing), so memory is ~block_logits logits instead of B × T × V
-    (bench/bench_logprobs.py; head_block_logits sizes the blocks from the device)."""
+    (bench/bench_logprobs.py; memory_plan.head_block_logits sizes the blocks from the device)."""
     from torch.utils.checkpoint import checkpoint
     B, T, _ = hidden.shape
     block_size = _block_positions(B, weight.shape[0], block_logits, block_size)

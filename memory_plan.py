@@ -22,6 +22,27 @@ ROOT = Path(__file__).resolve().parent
 # the CUDA context, NCCL's buffers and the allocator's fragmentation: not in any tensor count
 ALLOWANCE = 3 * GiB
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# the output head's blocks (learner.model_logprobs through logprobs.linear_token_logprobs)
+CPU_BLOCK_LOGITS = 2 ** 24       # a laptop's block: 256 MiB of fp32 logits
+MAX_BLOCK_LOGITS = 2 ** 27       # ~900 positions of a 152k vocabulary: long kernels; more only costs memory
+MIN_BLOCK_LOGITS = 2 ** 16
+HEAD_BYTES_PER_LOGIT = 24        # a block alive at once: its bf16 logits, fp32 copy, masked copy, exp(z − lse),
+#                                  two fp32 gradients, the support's bool masks (activation_items counts it)
+FREE_SHARE = 16                  # a block takes at most 1/16 of the memory free at the step's start
+
+
+def head_block_logits(setting: int, device_type: str, free_bytes: int | None = None) -> int:
+    """Logits per output-head block (train.head_block_logits): `setting` when > 0; else on a GPU the
+    largest power of two whose block (HEAD_BYTES_PER_LOGIT bytes a logit) fits 1/FREE_SHARE of
+    `free_bytes`, within [MIN_BLOCK_LOGITS, MAX_BLOCK_LOGITS] (few, long kernels: each block's head
+    matmul is redone in backward); CPU_BLOCK_LOGITS elsewhere (tests/test_logprobs.py::
+    test_head_blocks_are_sized_from_the_device_and_change_no_logprob)."""
+    if setting > 0:
+        return setting
+    if device_type != "cuda" or free_bytes is None:
+        return CPU_BLOCK_LOGITS
+    fit = free_bytes // (FREE_SHARE * HEAD_BYTES_PER_LOGIT)
+    return max(MIN_BLOCK_LOGITS, min(MAX_BLOCK_LOGITS, 1 << (max(fit, 1).bit_length() - 1)))
 
 
 @dataclass
@@ -97,18 +118,62 @@ def lora_params(s: Shape, rank: int, targets: list[str]) -> int:
     return s.layers * sum(rank * sum(dims[t]) for t in targets if t in dims)
 
 
-def activation_bytes(s: Shape, tokens: int, c: int, checkpointing: bool) -> int:
-    """Tensors kept for backward in one forward of `tokens` tokens, compute dtype of `c` bytes.
+def activation_items(s: Shape, tokens: int, c: int, checkpointing: bool, residual: int | None = None,
+                     lora_targets: list[str] | None = None, head_logits: int = 2 ** 24,
+                     mask_bytes: int = 0) -> list[tuple[str, int]]:
+    """What one forward and backward of `tokens` tokens holds beyond the weights, compute dtype of
+    `c` bytes, as (what, bytes); an upper bound, each term at its peak.
 
     A decoder layer keeps, per token, c x (6H + 4I + 2 q_dim + 2 kv_dim): both norms' inputs and
     their fp32 copies (4H), the attention's input (H), q, k, v and its output (2 q_dim + 2 kv_dim,
     flash attention: no T x T scores), the MLP's input (H), gate, up and their product (4I)
     (counted as Korthikanti et al. 2022, arXiv 2205.05198 §4.1, for a SwiGLU, grouped-query
-    layer). Gradient checkpointing keeps each layer's input (H) and recomputes one layer at a
-    time. The output head runs in time blocks of ~2^24 logits (logprobs.linear_token_logprobs)."""
-    per_layer = c * (6 * s.hidden + 4 * s.intermediate + 2 * s.q_dim + 2 * s.kv_dim)
-    layers = (s.layers * c * s.hidden + per_layer) * tokens if checkpointing else s.layers * per_layer * tokens
-    return layers + tokens * s.hidden * c + 3 * 4 * 2 ** 24  # the final hidden states; a head block's logits, p, grad
+    layer). The residual stream is `residual` bytes a value: fp32 under full fine-tuning with fp32
+    master weights (the embedding's output is fp32 and autocast adds bf16 outputs into it), so
+    the norms' inputs and checkpointing's saved layer inputs are fp32 there. Gradient
+    checkpointing keeps each layer's input (H) and recomputes one layer at a time. The layer in
+    backward also holds its MLP's gradients (3I: gate, up and their product). LoRA (peft) casts
+    each targeted linear's input to the adapter's fp32 and autocast casts it back for the matmul:
+    a compute-dtype copy of every targeted input is kept for backward (Σ in_dim), and the fp32
+    copy of the widest lives while its linear runs. The output head runs in blocks of head_logits
+    logits (logprobs.head_block_logits), logprobs.HEAD_BYTES_PER_LOGIT bytes each at once;
+    `mask_bytes` is the attention mask's (padded rows, or packed rows without flash-attention)."""
+    r = c if residual is None else residual
+    per_layer = c * (2 * s.hidden + 4 * s.intermediate + 2 * s.q_dim + 2 * s.kv_dim) + r * 4 * s.hidden
+    ins = {"q_proj": s.hidden, "k_proj": s.hidden, "v_proj": s.hidden, "o_proj": s.q_dim,
+           "gate_proj": s.hidden, "up_proj": s.hidden, "down_proj": s.intermediate}
+    lora = [ins[t] for t in (lora_targets or []) if t in ins]
+    items = [("layers' saved inputs (checkpointed)" if checkpointing else "every layer's activations",
+              (s.layers * r * s.hidden if checkpointing else s.layers * per_layer) * tokens)]
+    if checkpointing:
+        items.append(("the layer recomputed for its backward", per_layer * tokens))
+    items.append(("its MLP's gradients in backward", 3 * c * s.intermediate * tokens))
+    if lora:
+        layers = 1 if checkpointing else s.layers
+        items.append(("LoRA's compute-dtype copies of its inputs, + the widest in fp32",
+                      (layers * c * sum(lora) + 4 * max(lora)) * tokens))
+    items.append(("the final hidden states and their gradient", tokens * s.hidden * (c + 4)))
+    items.append((f"the output head's block of {head_logits:,} logits", head_logits * HEAD_BYTES_PER_LOGIT))
+    if mask_bytes:
+        items.append(("the attention mask", mask_bytes))
+    return items
+
+
+def activation_bytes(s: Shape, tokens: int, c: int, checkpointing: bool, **kw) -> int:
+    """The sum of activation_items."""
+    return sum(b for _, b in activation_items(s, tokens, c, checkpointing, **kw))
+
+
+def attention_mask_bytes(budget: int, packed: bool) -> int:
+    """The attention mask SDPA gets for a micro-batch of `budget` tokens (a bool [B,1,T,T] from
+    transformers and SDPA's own additive copy in the compute dtype): none for a row alone or
+    under flash-attention's varlen kernel (packed, flash_attn installed); at most two rows of half
+    the budget when padded (B·T² with B·T ≤ budget); the whole budget squared when packed without
+    flash-attention (one block-diagonal mask)."""
+    import importlib.util
+    if packed:
+        return 0 if importlib.util.find_spec("flash_attn") else 3 * budget ** 2
+    return 3 * budget ** 2 // 2
 
 
 def engine_bytes(s: Shape, card: int, utilisation: float, c: int, max_model_len: int) -> dict:
@@ -182,10 +247,15 @@ def plan(cfg, world: int, per_node: int, card: int, host_ram: int | None, max_co
             copies = []
     if kl:
         resident.append(("KL reference model (compute dtype, not sharded)", N * c))
-    acts = [(f"activations at {tokens:,} tokens a forward" + (" (checkpointed)" if m.gradient_checkpointing else ""),
-             activation_bytes(shape, tokens, c, m.gradient_checkpointing))]
     allowance = [("CUDA context, NCCL buffers, fragmentation (allowance)", ALLOWANCE)]
     engine_awake_in_train = t.mode == "async" or not e.sleep
+    before = resident + grads + copies + allowance + ([engine_item] if engine_awake_in_train else [])
+    head = head_block_logits(t.head_block_logits, "cuda", max(0, card - sum(b for _, b in before)))
+    # autocast over fp32 master weights keeps the residual stream in fp32; FSDP2 and LoRA compute in c
+    residual = 4 if not (m.lora or fsdp) else c
+    acts = [(f"activations at {tokens:,} tokens a forward: {what}", b) for what, b in activation_items(
+        shape, tokens, c, m.gradient_checkpointing, residual, m.lora_target_modules if m.lora else None, head,
+        attention_mask_bytes(t.micro_batch_tokens, t.pack_rows))]
     phases = {
         "rollout (engine awake)": resident + [engine_item] + allowance,
         "train" + (" (engine awake: " + ("train.mode async)" if t.mode == "async" else "engine.sleep false)")
@@ -218,7 +288,7 @@ def plan(cfg, world: int, per_node: int, card: int, host_ram: int | None, max_co
             continue
         need = f"{phase} needs {total / GiB:.1f} GiB a GPU, more than the card's {card / GiB:.0f}"
         state = sum(b for what, b in resident + grads if "AdamW" in what or "fp32" in what)
-        act_b = acts[0][1]
+        act_b = sum(b for _, b in acts)
         if not m.lora and not fsdp and state > card / 2:
             problems.setdefault("state", f"{need}: train.parallel: {t.parallel if world > 1 else '(one process)'} keeps the whole "
                             f"fp32 weights, gradients and AdamW state ({state / GiB:.0f} GiB) on every GPU. Set "

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import logprobs
+import memory_plan
 
 
 def sorted_support(x, top_k=-1, top_p=1.0, rule="ties"):
@@ -56,12 +57,12 @@ def test_topk_support_equals_the_sorted_support_mask_for_mask(rule):
 
 def test_head_blocks_are_sized_from_the_device_and_change_no_logprob():
     GiB = 2 ** 30
-    assert logprobs.head_block_logits(0, "cpu") == 2 ** 24
-    assert logprobs.head_block_logits(0, "cuda", free_bytes=100 * GiB) == 2 ** 28  # capped
-    assert logprobs.head_block_logits(0, "cuda", free_bytes=20 * GiB) == 2 ** 26  # 1/16 of free, 16 B a logit
-    assert logprobs.head_block_logits(0, "cuda", free_bytes=GiB // 4) == 2 ** 20  # a crowded card
-    assert logprobs.head_block_logits(12345, "cuda", free_bytes=100 * GiB) == 12345  # the key wins
-    assert logprobs.head_block_logits(0, "cuda", free_bytes=0) == 2 ** 16  # never below one small block
+    assert memory_plan.head_block_logits(0, "cpu") == 2 ** 24
+    assert memory_plan.head_block_logits(0, "cuda", free_bytes=100 * GiB) == 2 ** 27  # capped
+    assert memory_plan.head_block_logits(0, "cuda", free_bytes=20 * GiB) == 2 ** 25  # 1/16 of free, 24 B each
+    assert memory_plan.head_block_logits(0, "cuda", free_bytes=GiB // 4) == 2 ** 19  # a crowded card
+    assert memory_plan.head_block_logits(12345, "cuda", free_bytes=100 * GiB) == 12345  # the key wins
+    assert memory_plan.head_block_logits(0, "cuda", free_bytes=0) == 2 ** 16  # never below one small block
 
     g = torch.Generator().manual_seed(1)
     h = torch.randn(2, 33, 16, generator=g, dtype=torch.float64)
