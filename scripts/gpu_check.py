@@ -16,7 +16,10 @@ Prints PASS / FAIL / SKIP per item with its figures (a SKIP says why); exits 1 i
   graph         an engine with CUDA graphs (enforce_eager false) gives the eager engine's greedy
                 output and log-probs
   memory        one forward/backward of the tiny trainer at --config's token budget: peak memory
-                against memory_plan.activation_bytes, and the cached blocks released before a wake
+                against memory_plan.activation_bytes, and the cached blocks released before a wake;
+                then each shipped GPU config's model shape (configs/models/, random weights built
+                on the GPU) through learner.rl_step at its token budget (bench/bench_gpu_trainer.py):
+                peak allocated ≤ memory_plan's train phase ≤ 1.15 × peak, where that phase fits the card
 """
 import argparse
 import json
@@ -55,6 +58,27 @@ def hf_logprobs(model, seq, device):
     ids = torch.tensor([seq], device=device)
     with torch.no_grad():
         return logprobs.token_logprobs(model(input_ids=ids).logits, ids)[0][0].float().cpu()
+
+
+def shipped_shape_memory(name: str, dev) -> tuple[bool, str]:
+    """(within bounds, what was measured) for configs/<name>'s model shape on this GPU: rl_step on a
+    synthetic batch of rows at the config's token budget (one alone, two sharing one micro-batch)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_gpu_trainer
+    root = Path(__file__).resolve().parents[1]
+    model = Path(config.load_config(root / "configs" / name).model.path).name
+    cfg = config.load_config(root / "configs" / name, [f"model.path={root / 'configs' / 'models' / model}",
+                                                        "model.build_tiny=false"])
+    budget = cfg.train.micro_batch_tokens
+    plan = bench_gpu_trainer.planned_gib(cfg, torch.device(dev), budget)
+    card = torch.cuda.get_device_properties(dev).total_memory / 2 ** 30
+    if plan > card:
+        return True, f"{name}: plan {plan:.1f} GiB for one process exceeds the {card:.0f} GiB card (not run)"
+    r = bench_gpu_trainer.run_case(cfg, [budget, budget // 2, budget // 2], 8, torch.device(dev), 1,
+                                   config.rollout_cfg(cfg).top_k, bare=False)
+    learner.release_cached_memory("cuda")
+    ok = r["peak_gib"] <= plan <= 1.15 * r["peak_gib"]
+    return ok, f"{name} ({model}): peak {r['peak_gib']:.1f} GiB, plan {plan:.1f} GiB"
 
 
 def perturbed(model, seed):
@@ -223,8 +247,12 @@ def main():
         learner.release_cached_memory("cuda")
         released = (reserved - torch.cuda.memory_reserved()) / 2 ** 30
         ok = peak <= 1.25 * want and released > 0
-        report("memory", "PASS" if ok else "FAIL", f"{tokens:,} tokens ({a.config}): peak activations "
-               f"{peak / 2 ** 30:.2f} GiB, plan {want / 2 ** 30:.2f} GiB; {released:.2f} GiB of cached blocks released")
+        figures = (f"{tokens:,} tokens ({a.config}): peak activations {peak / 2 ** 30:.2f} GiB, plan "
+                   f"{want / 2 ** 30:.2f} GiB; {released:.2f} GiB of cached blocks released")
+        for shipped in ("qwen3-lora-1gpu.yaml", "qwen3-full-8gpu.yaml"):
+            good, line = shipped_shape_memory(shipped, dev)
+            ok, figures = ok and good, figures + "; " + line
+        report("memory", "PASS" if ok else "FAIL", figures)
 
     for item, fn in [("sleep-reload", sleep_reload), ("full-sync", full_sync), ("lora-swap", lora_swap),
                      ("async", async_steps), ("top-k", top_k), ("graph", graph), ("memory", memory)]:
