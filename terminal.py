@@ -283,8 +283,11 @@ class Shell:
 
     def kill(self, watermark: int, shell_too: bool = False) -> bool:
         """Kill every process the current command started (pids above the watermark); the shell gets
-        USR1 (ends the command) or, with shell_too, SIGKILL. True when nothing above it is left."""
+        USR1 (ends the command) or, with shell_too, SIGKILL. True when nothing above it is left. Never
+        init nor what is older than the agent: the watermark is at least the floor
+        (test_hostile.test_no_command_inside_the_container_makes_its_episode_infra)."""
         term = self.term
+        watermark = max(watermark, self.floor)
         api = term.client.api
         host = term.procs()
         if host is not None:  # local daemon: freeze the container so nothing forks while we kill
@@ -458,6 +461,10 @@ class Terminal:
             return True
         except Exception as e:
             if not self._alive():
+                # stopped from inside (not by Docker: agent_stopped): the agent's outcome, not infra
+                if not isinstance(e, HostDown) and (why := self.agent_stopped()):
+                    self.dead = why
+                    return False
                 if isinstance(e, InfraError):
                     raise
                 raise InfraError(f"container {self.id[:12]} is unusable: {type(e).__name__}: {e}") from None
@@ -480,6 +487,10 @@ class Terminal:
             return self._dead_result(t0)
         first = self.shell.end_fork_bomb()
         restarts = self._restarts
+        # what a timeout kills is what started after this point, as the host sees the container's
+        # processes: nothing the shell says (its own watermark) decides it where the host can look
+        procs = self.procs()
+        watermark = max(procs.values(), default=self.floor) if procs is not None else None
         note, sink = "", Capped(self.output_cap)
         nonce, answer = os.urandom(8).hex(), 1 + os.urandom(1)[0] % 120
         try:
@@ -511,7 +522,8 @@ class Terminal:
                 timed_out = True
                 why = (f"timed out after {timeout:g}s" if status == "timeout"
                        else f"produced more than {FLOOD_LIMIT >> 20} MiB of output")
-                note += self._recover(_watermark(wm, self.floor), why, sink, nonce, answer)
+                note += self._recover(_watermark(wm, self.floor) if watermark is None else watermark,
+                                      why, sink, nonce, answer)
         elif wm == "idle":  # the shell read the command line and printed no begin marker
             note += self._reframe()
         else:  # the shell never picked the command up

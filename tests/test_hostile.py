@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 
 import inspection
 import env as E
@@ -444,3 +446,42 @@ def test_sigterm_during_rollout_stops_at_once_and_leaks_nothing(docker_env, tiny
         print(f"SIGTERM: rollout stopped after {stopped:.1f}s, process exited after {exited:.1f}s")
     finally:
         child.kill()
+
+
+# --- infra is the world's fault: nothing inside the container ends an episode as infra ------------
+
+# A command that makes the shell's own watermark read 0 from then on, the framing intact: a
+# readonly function `builtin` that passes every call through but `read`.
+HIJACK = ("builtin() { if [ \"$1\" = read ]; then __termrl_wm=0; else command builtin \"$@\"; fi; }; "
+          "readonly -f builtin")
+TAKEDOWNS = {
+    "hijacked watermark, then a timeout": (HIJACK, "sleep 30", "echo after"),
+    "kill -9 -1": ("kill -9 -1", "echo after"),
+    "init killed through the harness: hijacked watermark, then a flood": (HIJACK, "yes", "echo after"),
+    "init's child ended by a signal to init": ("kill -TERM 1", "echo after"),
+    "init the memory limit's victim": ("for p in /proc/[0-9]*; do echo 1000 > $p/oom_score_adj; done 2>/dev/null; "
+                                        "python3 -c 'x = bytearray(1 << 34)'", "echo after"),
+    "the pid limit full, init's sleep killed": ("for i in $(seq 400); do sleep 300 & done 2>/dev/null; pkill -x sleep",
+                                                "echo after"),
+    "the harness's own exec made to fail": ("chmod 0 /bin/bash /usr/bin/bash; kill -9 $$", "echo after"),
+}
+
+
+@pytest.mark.parametrize("way", list(TAKEDOWNS))
+def test_no_command_inside_the_container_makes_its_episode_infra(docker_env, easy_tasks, tiny_tokenizer, way):
+    """Bug: a command that redefined `builtin` so the harness's watermark read 0, then a command that
+    timed out, had the harness kill the container's init: the episode ended as an infrastructure
+    error (masked out of training), an escape from its negative reward. However the container is
+    taken down from inside, the episode is the agent's failure: valid, reward 0, the terminal itself
+    saying it is dead (no InfraError from it); and what the harness kills is never init."""
+    import rollout as R
+    from policy import ScriptedPolicy
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=TAKEDOWNS[way]) as policy:
+        traj = R.run_episode(easy_tasks[3], policy, docker_env,
+                             R.RolloutConfig(max_turns=4, command_timeout_s=3))
+    assert traj.valid and traj.reward == 0.0, (way, traj.finish_reason, traj.error, traj.grade)
+    assert traj.finish_reason != "container_stopped", (way, traj.grade)  # the terminal raised InfraError
+    if "hijacked" in way:  # the harness's kill spared init: the container still ran at grading
+        assert "stopped" not in (traj.grade.get("tampered") or ""), (way, traj.grade)
+    if way == "hijacked watermark, then a timeout":
+        assert traj.messages[-2]["content"].startswith("after\n"), traj.messages[-2]
