@@ -65,8 +65,8 @@ class VLLMEngine:
     """In-process vllm.LLM; sleep/wake, in-place weight reload and LoRA hot-swap for training."""
 
     def __init__(self, model, dtype="auto", max_model_len=4096, enable_lora=False, max_lora_rank=16,
-                 gpu_memory_utilization=0.5, seed=0, enable_prefix_caching=True, verbose=False, cpu_kvcache_gb=None,
-                 **llm_kwargs):
+                 gpu_memory_utilization=0.5, seed=0, enable_prefix_caching=True, verbose=False,
+                 cpu_kvcache_gb=None, **llm_kwargs):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # weights are passed by reference
         if not verbose:
             quiet_vllm()
@@ -111,7 +111,8 @@ class VLLMEngine:
         sp = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             max_tokens=sampling.max_tokens, seed=sampling.seed, logprobs=0,
                             stop_token_ids=list(sampling.stop_token_ids), detokenize=False)
-        self.engine.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, sp, lora_request=self.lora)
+        self.engine.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, sp,
+                                lora_request=self.lora)
 
     def step(self) -> list:
         done, self._held = self._held, []
@@ -272,19 +273,22 @@ class HFEngine(RequestQueue):
         groups = {}
         for r in self.take():
             s = r[2]
-            groups.setdefault((s.temperature, s.top_p, s.top_k, s.seed, tuple(s.stop_token_ids)), []).append(r)
+            groups.setdefault((s.temperature, s.top_p, s.top_k, s.seed, tuple(s.stop_token_ids)),
+                              []).append(r)
         done = []
         for (temp, top_p, top_k, seed, stops), reqs in groups.items():
             if seed is not None:
                 torch.manual_seed(seed)
             width = max(len(p) for _, p, *_ in reqs)
-            ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for _, p, *_ in reqs], device=self.device)
-            att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p, *_ in reqs], device=self.device)
+            ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for _, p, *_ in reqs],
+                               device=self.device)
+            att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p, *_ in reqs],
+                               device=self.device)
             out = self.model.generate(
                 input_ids=ids, attention_mask=att, max_new_tokens=max(s.max_tokens for _, _, s, _ in reqs),
                 do_sample=temp > 0, temperature=temp if temp > 0 else None, top_p=top_p,
-                top_k=top_k if top_k > 0 else None, eos_token_id=list(stops) or None, pad_token_id=self.pad_id,
-                output_scores=True, return_dict_in_generate=True)
+                top_k=top_k if top_k > 0 else None, eos_token_id=list(stops) or None,
+                pad_token_id=self.pad_id, output_scores=True, return_dict_in_generate=True)
             new = out.sequences[:, width:]
             lps = torch.stack(out.scores, 1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
             for row, (rid, _, s, _) in enumerate(reqs):
@@ -325,7 +329,8 @@ class HFEngine(RequestQueue):
         from peft import PeftModel
         if hasattr(self.model, "unload"):
             self.model = self.model.unload()  # drop the old adapter, keep the base weights
-        self.model = self.base if adapter_dir is None else PeftModel.from_pretrained(self.base, str(adapter_dir)).eval()
+        self.model = (self.base if adapter_dir is None
+                      else PeftModel.from_pretrained(self.base, str(adapter_dir)).eval())
 
     def reset_prefix_cache(self):
         pass
@@ -335,7 +340,7 @@ class ScriptedEngine(RequestQueue):
     """Deterministic stand-in for a model: each step takes `latency_s` (an ideally batched decode),
     then answers every pending request.
 
-    mode "oracle": the task's oracle commands one per turn, then submit (needs ctx: policy.EpisodeCtx, its task and turn).
+    mode "oracle": the task's oracle commands one per turn, then submit (needs ctx: its policy.EpisodeCtx).
     mode "garbage": random tokens, malformed JSON, unknown tools, empty commands.
     mode "fixed": `commands` one per turn, then submit."""
 
@@ -356,7 +361,8 @@ class ScriptedEngine(RequestQueue):
                 tool_call_text("bash", {"command": ""}),
             ])
         cmds = oracle_commands(ctx.task) if self.mode == "oracle" else self.commands
-        return tool_call_text("bash", {"command": cmds[ctx.turn]}) if ctx.turn < len(cmds) else tool_call_text("submit", {})
+        return (tool_call_text("bash", {"command": cmds[ctx.turn]}) if ctx.turn < len(cmds)
+                else tool_call_text("submit", {}))
 
     def step(self) -> list:
         todo = self.take()

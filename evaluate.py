@@ -781,7 +781,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         {"run": cmd_run, "curate": cmd_curate, "behaviour": cmd_behaviour}[args.cmd](args)
-    except (ValueError, FileNotFoundError, hosts.HostsDown) as e:  # bad input, or no sandbox host left: no trace
+    except (ValueError, FileNotFoundError, hosts.HostsDown) as e:  # bad input, or no host left: no trace
         sys.exit(f"evaluate.py {args.cmd}: {e}")
 
 

@@ -85,8 +85,9 @@ class Policy:
             self._futures.pop(rid)[0].set_exception(error)
         try:
             self.engine.abort(rids)
-        except Exception as e:  # noqa: BLE001 -- a broken engine may not abort; the futures are failed already
-            print(f"rollout: aborting {len(rids)} failed requests raised {type(e).__name__}: {e}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 -- a broken engine may not abort; the futures failed already
+            print(f"rollout: aborting {len(rids)} failed requests raised {type(e).__name__}: {e}",
+                  file=sys.stderr)
 
     def _serve(self):
         while not self._closed:
@@ -112,8 +113,8 @@ class Policy:
                 except Exception as e:  # an engine failure fails every waiting episode, loudly
                     err = RuntimeError(f"the generation engine's step failed: {type(e).__name__}: {e}")
                     err.__cause__ = e
-                    print(f"rollout: {err}; failing its {len(self._futures)} requests\n{traceback.format_exc()}",
-                          file=sys.stderr, flush=True)
+                    print(f"rollout: {err}; failing its {len(self._futures)} requests\n"
+                          f"{traceback.format_exc()}", file=sys.stderr, flush=True)
                     self._fail(list(self._futures), err)
                     continue
                 # resolved under the lock: a weight update cannot re-add a request that just finished

@@ -41,8 +41,8 @@ from task_folders import oracle_commands
 FINISH_REASONS = ("submitted", "max_turns", "turn_token_limit", "context_overflow", "command_timeout",
                   "env_error", "episode_timeout", "invalid_tool_calls", "terminal_dead", "container_stopped",
                   "sandbox_lost")
-# an episode whose container was lost to the infrastructure (finish "sandbox_lost") runs again from the same task
-# this many times at most (env.Env places it on another host; tests/test_hosts.py)
+# an episode whose container was lost to the infrastructure (finish "sandbox_lost") runs again from the same
+# task this many times at most (env.Env places it on another host; tests/test_hosts.py)
 LOST_RETRIES = 3
 log = logging.getLogger("termrl.rollout")
 
@@ -65,7 +65,7 @@ class RolloutConfig:
     max_tokens_per_turn: int = 1024     # new tokens in one turn; hitting it ends the episode
     max_context: int = 8192             # all tokens of the trajectory
     temperature: float = 1.0            # sampling temperature (the loss's log-probs use the same)
-    top_p: float = 1.0                  # nucleus sampling; < 1 samples from a distribution μ the trainer does not compute
+    top_p: float = 1.0                  # nucleus sampling; < 1 samples from a μ the trainer does not compute
     top_k: int = -1                     # top-k sampling; -1 = off
     command_timeout_s: float = 60.0     # one bash call
     max_command_timeouts: int = 3       # consecutive timed-out commands that end the episode
@@ -140,7 +140,8 @@ def _new_trajectory(task, chat, cfg, group_id, version, prefill_k) -> Trajectory
     traj = Trajectory(task_name=task.name, group_id=group_id, policy_version=version, prefill_k=prefill_k)
     traj.metrics = dict(invalid_turns=0, command_timeouts=0, text_mismatch=0, token_mismatch=0, commands=0)
     traj.timings = dict(reset_s=0.0, gen_s=0.0, env_s=0.0, grade_s=0.0, close_s=0.0, total_s=0.0)
-    traj.messages = [{"role": "system", "content": cfg.system_prompt}, {"role": "user", "content": task.instruction}]
+    traj.messages = [{"role": "system", "content": cfg.system_prompt},
+                     {"role": "user", "content": task.instruction}]
     traj.append(chat.prompt_ids(traj.messages))
     traj.prompt_len = len(traj.token_ids)
     return traj
@@ -222,30 +223,30 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                 break
             room = cfg.max_context - len(traj.token_ids) - len(chat.turn_end_ids)
             budget = min(cfg.max_tokens_per_turn, room)
-            comp = _assistant_turn(policy, traj, task, turn, expert, sampling, room, budget, seed) if budget > 0 else None
+            comp = (_assistant_turn(policy, traj, task, turn, expert, sampling, room, budget, seed)
+                    if budget > 0 else None)
             if comp is None:
                 finish = "context_overflow"
                 break
-            stopped = bool(comp.token_ids) and comp.token_ids[-1] == chat.stop_id and comp.finish_reason == "stop"
+            stopped = (bool(comp.token_ids) and comp.token_ids[-1] == chat.stop_id
+                       and comp.finish_reason == "stop")
             content = chat.decode(comp.token_ids[:-1] if stopped else comp.token_ids)
             traj.append(chat.turn_end_ids[1:] if stopped else chat.turn_end_ids)  # close the turn ourselves
             call, err = parse_tool_call(content)
             traj.messages.append({"role": "assistant", "content": content,
-                                  **({"tool_call": call} if call else {}), **({"prefilled": True} if turn < len(expert) else {})})
+                                  **({"tool_call": call} if call else {}),
+                                  **({"prefilled": True} if turn < len(expert) else {})})
             turn += 1
-            if comp.finish_reason != "stop":
-                # never carry a truncated turn forward silently (rLLM#575): the episode ends here
+            if comp.finish_reason != "stop":  # never carry a truncated turn forward silently (rLLM#575)
                 finish = "turn_token_limit" if budget == cfg.max_tokens_per_turn else "context_overflow"
                 break
-            if err:
+            if err:  # a tool reply, not a user turn: Qwen3 would strip earlier think blocks (not append-only)
                 invalid += 1
                 traj.metrics["invalid_turns"] += 1
                 traj.unparsed_chunks.append(turn - 1)
                 if invalid >= cfg.max_invalid_turns:
                     finish = "invalid_tool_calls"
                     break
-                # a tool message, not a user one: a user turn would move Qwen3's "last query" and
-                # re-render (strip) earlier think blocks, breaking the append-only token stream
                 new = [{"role": "tool", "content": f"Error: {err}. Reply with exactly one tool call, "
                                                   f"for example:\n{EXAMPLE_CALL}"}]
             else:
@@ -255,7 +256,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                     break
                 result = _run_command(term, call["arguments"]["command"], cfg, traj, deadline)
                 timeouts = timeouts + 1 if result.timed_out else 0
-                if term.dead:  # the agent made its container unusable (terminal.Terminal.dead): graded as a failure
+                if term.dead:  # the agent broke its container (terminal.Terminal.dead): graded as a failure
                     finish = "terminal_dead"
                     break
                 if result.timed_out and time.monotonic() >= deadline:
@@ -357,8 +358,8 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
     expert trajectory, experts[task name] or the oracle: a group is one task at one anchor, so
     its baseline compares episodes that started at the same chunk. With cfg.refresh_expert,
     `experts` (a dict the caller keeps across steps) is then refreshed with this batch's successes.
-    An episode whose container was lost to the infrastructure (finish "sandbox_lost") runs again, same task, anchor
-    and seed, up to LOST_RETRIES times: a dead sandbox host costs time, not rows."""
+    An episode whose container was lost to the infrastructure (finish "sandbox_lost") runs again, same
+    task, anchor and seed, up to LOST_RETRIES times: a dead sandbox host costs time, not rows."""
     from tqdm import tqdm
 
     G = group_size or cfg.group_size
@@ -371,7 +372,8 @@ def collect(tasks, policy, env, cfg: RolloutConfig, group_size=None, group_id_st
             expert = (experts or {}).get(task.name)
             k = draw_prefill_k(task, cfg, rng, expert)
             for j in range(G + cfg.group_redundancy):
-                args = (task, policy, env, cfg, k, group_id_start + gi, cancels[gi], rng.randrange(1 << 30), expert)
+                args = (task, policy, env, cfg, k, group_id_start + gi, cancels[gi], rng.randrange(1 << 30),
+                        expert)
                 futs[pool.submit(run_episode, *args)] = gi, j, args, 0
         bar = tqdm(total=G * len(tasks), desc="episodes", disable=not progress)
         pending = set(futs)
@@ -422,7 +424,8 @@ def rollout_metrics(trajectories) -> dict:
     m["rollout/tokens_mean"] = sum(len(t.token_ids) for t in trajectories) / n
     for k in ("invalid_turns", "command_timeouts", "text_mismatch", "token_mismatch"):
         m[f"rollout/{k}"] = sum(t.metrics.get(k, 0) for t in trajectories)
-    m["rollout/tampered"] = sum(bool(t.grade.get("tampered")) for t in trajectories)  # graded 0: see grading.grade
+    # tampered episodes are graded 0 (grading.grade)
+    m["rollout/tampered"] = sum(bool(t.grade.get("tampered")) for t in trajectories)
     for key in sorted({k for t in valid for k in t.grade.get("rewards") or {}}):  # Harbor reward.json keys
         vals = [t.grade["rewards"][key] for t in valid if key in (t.grade.get("rewards") or {})]
         m[f"rollout/reward_{key}_mean"] = sum(vals) / len(vals)
@@ -480,9 +483,12 @@ def write_jsonl(trajectories, path, tokens=False):
 # --------------------------------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Roll out a policy on terminal tasks and write trajectories as JSONL.")
-    ap.add_argument("--model", required=True, help="model directory (HF format; its tokenizer gives the chat template)")
-    ap.add_argument("--tasks", default=None, help="task dir / dir of tasks / task list; default: generated easy tasks")
+    ap = argparse.ArgumentParser(
+        description="Roll out a policy on terminal tasks and write trajectories as JSONL.")
+    ap.add_argument("--model", required=True,
+                    help="model directory (HF format; its tokenizer gives the chat template)")
+    ap.add_argument("--tasks", default=None,
+                    help="task dir / dir of tasks / task list; default: generated easy tasks")
     ap.add_argument("--easy", type=int, default=8, help="how many generated easy tasks, without --tasks")
     ap.add_argument("--engine", choices=["vllm", "hf", "oracle", "garbage"], default="vllm")
     ap.add_argument("--group-size", type=int, default=2)

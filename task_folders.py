@@ -57,14 +57,14 @@ class Task:
     metadata: dict = field(default_factory=dict)
     # Grading integrity opt-outs, for tasks whose legitimate solution needs them (grading.grade):
     keep_agent_processes: bool = False  # the tests talk to a service the agent started
-    env: dict = field(default_factory=dict)  # environment variables of the container (Harbor [environment.env])
-    tests_in_agent_shell: bool = False  # TB1 run_tests_in_same_shell: the tests see the agent's exported variables
-    tests_need_network: bool = False  # the test scripts download their runner (grading joins env's grading network)
-    verifier_changes_ok: list = field(default_factory=list)  # globs of toolchain paths the solution may change
-    tests_read_ok: list = field(default_factory=list)  # globs of the image's files the tests may read (validate)
-    pytest_plugins: list = field(default_factory=list)  # plugin modules the tests need (entry-point autoload is off)
+    env: dict = field(default_factory=dict)  # container environment variables (Harbor [environment.env])
+    tests_in_agent_shell: bool = False  # TB1 run_tests_in_same_shell: the tests see the agent's exports
+    tests_need_network: bool = False  # the tests download their runner (grading joins env's grading network)
+    verifier_changes_ok: list = field(default_factory=list)  # globs of toolchain paths a solution may change
+    tests_read_ok: list = field(default_factory=list)  # globs of image files the tests may read (validate)
+    pytest_plugins: list = field(default_factory=list)  # plugins the tests need (entry-point autoload is off)
     tests_import_agent_code: bool = False  # the tests import from the working directory (else PYTHONSAFEPATH)
-    host_labels: list = field(default_factory=list)  # only Docker hosts with all these labels run it (env.hosts)
+    host_labels: list = field(default_factory=list)  # only hosts with all these labels run it (env.hosts)
 
 
 # The instruction is the model's prompt: 64 KiB is ~16k tokens, past every rollout.max_context shipped
@@ -108,7 +108,8 @@ def safe_files(top: Path, folder: Path) -> list[Path]:
         if p.is_file():
             files.append(p)
         elif p.exists() and not p.is_dir():
-            raise TaskError(f"{p}: not a regular file (a fifo, socket or device); a task holds plain files only")
+            raise TaskError(f"{p}: not a regular file (a fifo, socket or device); "
+                            "a task holds plain files only")
     return files
 
 
@@ -118,7 +119,8 @@ def _read(path: Path, folder: Path, what: str, limit: int = MAX_TEXT_BYTES) -> b
     if not path.is_file():
         raise TaskError(f"{path}: not a regular file ({what})")
     if (size := path.stat().st_size) > limit:
-        raise TaskError(f"{path}: {size} bytes; at most {limit} ({limit >> 10} KiB) are read from it ({what})")
+        raise TaskError(f"{path}: {size} bytes; at most {limit} ({limit >> 10} KiB) "
+                        f"are read from it ({what})")
     return path.read_bytes()
 
 
@@ -128,7 +130,8 @@ def _text(path: Path, folder: Path, what: str, limit: int = MAX_TEXT_BYTES) -> s
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise TaskError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8 ({what})") from None
+        raise TaskError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); "
+                        f"save it as UTF-8 ({what})") from None
 
 
 def _read_tests(tests_dir: Path, folder: Path) -> dict:
@@ -137,7 +140,8 @@ def _read_tests(tests_dir: Path, folder: Path) -> dict:
     if not paths:
         raise TaskError(f"{tests_dir}: empty (the hidden tests go here)")
     if (size := sum(p.stat().st_size for p in paths)) > MAX_TESTS_BYTES:
-        raise TaskError(f"{tests_dir}: {size} bytes of tests; a task's tests may hold at most {MAX_TESTS_BYTES} "
+        raise TaskError(f"{tests_dir}: {size} bytes of tests; "
+                        f"a task's tests may hold at most {MAX_TESTS_BYTES} "
                         f"({MAX_TESTS_BYTES >> 20} MiB): every graded container receives them")
     return {str(p.relative_to(tests_dir)): p.read_bytes() for p in paths}
 
@@ -241,7 +245,8 @@ def _refuse_hidden_copies(dockerfile: Path, context: Path, folder: Path, layout:
 
 def _dockerfile_workdir(dockerfile: Path, folder: Path, default: str = "/app") -> str:
     """The last absolute WORKDIR of the Dockerfile: TB tasks put the agent where the image does."""
-    found = re.findall(r"^\s*WORKDIR\s+(\S+)\s*$", _text(dockerfile, folder, "the task image's Dockerfile"), re.M | re.I)
+    found = re.findall(r"^\s*WORKDIR\s+(\S+)\s*$", _text(dockerfile, folder, "the task image's Dockerfile"),
+                       re.M | re.I)
     return found[-1] if found and found[-1].startswith("/") and "$" not in found[-1] else default
 
 
@@ -339,7 +344,8 @@ def _load_tb1(d: Path) -> Task:
         memory_mb=_number(meta.get("memory_mb", DEFAULT_MEMORY_MB), f"{f} memory_mb", int),
         cpus=_number(meta.get("cpus", DEFAULT_CPUS), f"{f} cpus"),
         pids=_number(meta.get("pids", DEFAULT_PIDS), f"{f} pids", int),
-        allow_internet=bool(meta.get("allow_internet", False)), metadata=meta, tests_in_agent_shell=same_shell,
+        allow_internet=bool(meta.get("allow_internet", False)), metadata=meta,
+        tests_in_agent_shell=same_shell,
         tests_need_network=_needs_network(meta, tests, str(f)), host_labels=_host_labels(meta, str(f)),
         **_integrity(meta, str(f)))
 
@@ -363,8 +369,8 @@ def _single_container(compose: Path, folder: Path):
 
 # Commands by which a test script fetches its runner (TB1's uv/pytest setup, TB2's uvx); such a
 # task's grading needs the network even though its agent may not have it.
-_FETCHES = re.compile(r"\b(curl|wget|uvx|pip3?\s+install|uv\s+(pip|add|sync|venv|run|tool)|apt(-get)?\s+install|"
-                      r"npm\s+(install|ci)|git\s+clone)\b")
+_FETCHES = re.compile(r"\b(curl|wget|uvx|pip3?\s+install|uv\s+(pip|add|sync|venv|run|tool)|"
+                      r"apt(-get)?\s+install|npm\s+(install|ci)|git\s+clone)\b")
 
 
 def _needs_network(meta: dict, tests: dict, where: str) -> bool:
@@ -423,7 +429,8 @@ def _load_tb2(d: Path) -> Task:
             raise TaskError(f"{f}: [{k}] must be a table")
     env = sections["environment"]
     variables = env.get("env", {})
-    if not (isinstance(variables, dict) and all(isinstance(v, (str, int, float, bool)) for v in variables.values())):
+    if not (isinstance(variables, dict)
+            and all(isinstance(v, (str, int, float, bool)) for v in variables.values())):
         raise TaskError(f"{f}: [environment.env] must be a table of NAME = \"value\"")
     image = env.get("docker_image")  # a prebuilt image instead of environment/Dockerfile
     if image is not None:
@@ -444,13 +451,15 @@ def _load_tb2(d: Path) -> Task:
         agent_timeout_s=_number(sections["agent"].get("timeout_sec", 600), f"{f} [agent] timeout_sec"),
         test_timeout_s=_number(sections["verifier"].get("timeout_sec", 600), f"{f} [verifier] timeout_sec"),
         build_timeout_s=_number(env.get("build_timeout_sec", 600), f"{f} [environment] build_timeout_sec"),
-        memory_mb=_memory_mb(env, str(f)), cpus=_number(env.get("cpus", DEFAULT_CPUS), f"{f} [environment] cpus"),
+        memory_mb=_memory_mb(env, str(f)),
+        cpus=_number(env.get("cpus", DEFAULT_CPUS), f"{f} [environment] cpus"),
         pids=_number(env.get("pids", DEFAULT_PIDS), f"{f} [environment] pids", int),
         allow_internet=bool(env.get("allow_internet", False)), metadata=meta,
         env={k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in variables.items()},
         tests_need_network=_needs_network(sections["verifier"], tests, f"{f} [verifier]"),
         host_labels=_host_labels(env, f"{f} [environment]"),
-        **_integrity(meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}, f"{f} [metadata]"))
+        **_integrity(meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {},
+                     f"{f} [metadata]"))
 
 
 def load_task(path) -> Task:
@@ -529,7 +538,8 @@ def load_tasks(spec, strict: bool = False) -> list[Task]:
               "(--strict / data.strict_tasks makes this an error)", file=sys.stderr)
     if not tasks:
         why = f"; all {len(dirs)} found are malformed: " + " | ".join(skipped[:3]) if skipped else ""
-        where = f"the folders listed in {spec}" if Path(spec).is_file() else f"{Path(spec).resolve()} and below"
+        where = (f"the folders listed in {spec}" if Path(spec).is_file()
+                 else f"{Path(spec).resolve()} and below")
         raise TaskError(f"{spec}: no task found (looked for task.yaml / task.toml in {where}{why})")
     return tasks
 
@@ -561,5 +571,6 @@ def oracle_commands(task: Task) -> list[str]:
             commands.append("\n".join(chunk).strip())
             chunk = []
     if chunk:
-        raise TaskError(f"{task.path or task.name}: the solution does not parse as bash near: {chunk[0][:80]!r}")
+        raise TaskError(f"{task.path or task.name}: the solution does not parse as bash near: "
+                        f"{chunk[0][:80]!r}")
     return commands

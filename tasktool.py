@@ -51,23 +51,24 @@ def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4
         for i in range(k):
             g = run_oracle(env, task, trace_reads=i == 0)
             if i == 0:
-                truth = [p for p in g.image_reads if not any(fnmatch.fnmatch(p, x) for x in task.tests_read_ok)]
+                truth = [p for p in g.image_reads
+                         if not any(fnmatch.fnmatch(p, x) for x in task.tests_read_ok)]
             if g.infra_error:
                 raise InfraError(f"oracle run: {g.infra_error}")
             row["oracle"].append(g.reward)
             if g.tampered:
                 row["status"], row["error"] = "oracle_flagged", (
-                    f"the oracle's episode is flagged as tampering: {g.tampered}; list the paths its solution "
-                    "must change in verifier_changes_ok, or set keep_agent_processes if its tests need a "
-                    "service it started")
+                    f"the oracle's episode is flagged as tampering: {g.tampered}; list the paths its "
+                    "solution must change in verifier_changes_ok, or set keep_agent_processes if its tests "
+                    "need a service it started")
                 return row
             if not g.passed and not task.keep_agent_processes and \
                     run_oracle(env, dataclasses.replace(task, keep_agent_processes=True)).passed:
                 row["status"], row["error"] = "needs_service", (
                     "the oracle passes only when its tests run in the container of the processes it started "
-                    "(tests that read files a service writes while they run; a service they only talk to stays "
-                    "up by default): set keep_agent_processes: true; the agent's daemons then share the tests' "
-                    "container (docs/grading-integrity.md)")
+                    "(tests that read files a service writes while they run; a service they only talk to "
+                    "stays up by default): set keep_agent_processes: true; the agent's daemons then share "
+                    "the tests' container (docs/grading-integrity.md)")
                 return row
             if not g.passed:
                 row["error"] = "oracle failed: " + g.output[-600:]
@@ -87,10 +88,11 @@ def validate_task(env: Env, path, k: int = 3, flake_runs: int = 0, load: int = 4
             row["status"], row["error"] = "noop_passes", "doing nothing already earns reward"
         elif truth:
             row["status"], row["error"] = "truth_in_reach", (
-                f"the tests read {', '.join(truth[:5])}: file(s) of the image that the agent can rewrite (the "
-                "oracle left them as they were), so a verdict that depends on them can be forged; ship what "
-                "the tests compare against in tests/ (copied in only at grading) or compute it in the tests, "
-                "or list the task's inputs the tests may read in tests_read_ok (docs/grading-integrity.md)")
+                f"the tests read {', '.join(truth[:5])}: file(s) of the image that the agent can rewrite "
+                "(the oracle left them as they were), so a verdict that depends on them can be forged; "
+                "ship what the tests compare against in tests/ (copied in only at grading) or compute it in "
+                "the tests, or list the task's inputs the tests may read in tests_read_ok "
+                "(docs/grading-integrity.md)")
     except TaskError as e:
         row["status"], row["error"] = "malformed", str(e)
     except BuildError as e:  # the task's own Dockerfile: a defect of the task, with the build log's tail
@@ -122,7 +124,8 @@ def _validate_main(args) -> int:
     if not paths:
         print(f"no tasks found under {args.tasks}", file=sys.stderr)
         return 2
-    with Env(max_concurrent_starts=args.jobs, **_env_kwargs(args)) as env, ThreadPoolExecutor(args.jobs) as pool:
+    with (Env(max_concurrent_starts=args.jobs, **_env_kwargs(args)) as env,
+          ThreadPoolExecutor(args.jobs) as pool):
         rows = list(tqdm(pool.map(lambda p: validate_task(env, p, args.k, args.flake_runs, args.load), paths),
                          total=len(paths), desc="validate", unit="task"))
     w = max(len(r["task"]) for r in rows)
@@ -155,7 +158,8 @@ def _shell_main(args) -> int:
         spec = env.live_host().spec
     tls = spec.tls and ["--tlsverify", *[f"--tls{k}={spec.tls}/{f}" for k, f in
                                          [("cacert", "ca.pem"), ("cert", "cert.pem"), ("key", "key.pem")]]]
-    cmd = ["docker", *(["-H", spec.url] if spec.url else []), *(tls or []), "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,
+    cmd = ["docker", *(["-H", spec.url] if spec.url else []), *(tls or []),
+           "run", "--rm", "-i" + ("t" if sys.stdin.isatty() else ""), "--network", net,
            *[f"-e{k}={v}" for k, v in task.env.items()],
            "--label", f"{LABEL}=1", "--cap-drop", "ALL", *[f"--cap-add={c}" for c in CAPS],
            "--memory", f"{task.memory_mb}m", "--pids-limit", str(task.pids), "-w", task.workdir,
@@ -176,22 +180,26 @@ def main(argv=None) -> int:
     v.add_argument("--json", help="write the per-task results here")
     v.add_argument("--jobs", type=int, default=2, help="tasks validated in parallel")
     v.add_argument("--easy", type=int, default=0, help="also validate this many generated easy tasks")
-    v.add_argument("--multistep", type=int, default=0, help="also validate this many generated multi-step tasks")
+    v.add_argument("--multistep", type=int, default=0,
+                   help="also validate this many generated multi-step tasks")
     v.add_argument("--flake-runs", type=int, default=0,
                    help="after k passes, this many more oracle runs; a 1-in-10 flake needs ~30 to show")
-    v.add_argument("--load", type=int, default=4, help="the flake runs go this many at a time (concurrent load)")
+    v.add_argument("--load", type=int, default=4,
+                   help="the flake runs go this many at a time (concurrent load)")
     s = sub.add_parser("shell", help="open an interactive shell in a task's container")
     s.add_argument("task")
     for p in (v, s):
         p.add_argument("--build-network", default="default",
                        help="network of image builds: default (the daemon's), none, or a network name")
         p.add_argument("--agent-network", default="none",
-                       help="network of the agent's container for tasks that allow_internet (none: always offline)")
+                       help="network of the agent's container for tasks that allow_internet "
+                            "(none: always offline)")
         p.add_argument("--grading-network", default="default",
-                       help="network joined for grading, after the agent's processes are gone, by tasks whose "
-                            "tests_need_network")
+                       help="network joined for grading, after the agent's processes are gone, "
+                            "by tasks whose tests_need_network")
         p.add_argument("--docker-host", action="append", default=[], metavar="URL[,capacity=N][,tls=DIR]",
-                       help="a Docker host for the containers (repeatable; unix://, ssh://, or tcp:// with tls=); "
+                       help="a Docker host for the containers "
+                            "(repeatable; unix://, ssh://, or tcp:// with tls=); "
                             "default: DOCKER_HOST's daemon alone")
     args = ap.parse_args(argv)
     try:

@@ -3,8 +3,8 @@
 Repeats collect -> update -> sync on the same tasks with train.py's own `update` and
 `sync_weights`, and prints success per iteration next to how the update moved the log-probability
 of the positive- and negative-advantage trajectories it trained on (mean, and how many). If
-success does not climb here, it will not climb on held-out tasks either. `--sgd` swaps AdamW for plain SGD (same lr key),
-which separates "wrong direction" from "Adam's sign-like first steps".
+success does not climb here, it will not climb on held-out tasks either. `--sgd` swaps AdamW for plain SGD
+(same lr key), which separates "wrong direction" from "Adam's sign-like first steps".
 
     python bench/bench_learning.py --model runs/tiny/checkpoints/step_000000/model --iters 6 \
         --set train.lr=1e-4 --set algo.negative_reward=0
@@ -57,7 +57,8 @@ def main():
 
     cfg = config.load_config(a.config, ["engine.kind=vllm", *a.set])
     if cfg.model.lora:
-        raise SystemExit("bench_learning.py updates full weights; set model.lora=false (--set model.lora=false)")
+        raise SystemExit("bench_learning.py updates full weights; "
+                         "set model.lora=false (--set model.lora=false)")
     rcfg, acfg = config.rollout_cfg(cfg), config.algo_cfg(cfg)
     tasks = train.load_task_sets(cfg)[0][: a.tasks]
     tok = AutoTokenizer.from_pretrained(a.model)
@@ -87,10 +88,11 @@ def main():
             before = row_logprob(model, batch)
             m = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train, rcfg.temperature)
             moved = row_logprob(model, batch) - before
-            # "-" where no trajectory has that sign (no negatives at all under negative_reward 0, baseline none)
+            # "-" where no trajectory has that sign (no negatives under negative_reward 0, baseline none)
             mean = lambda x: f"{float(x.mean()):+.3f} ({x.numel()})" if x.numel() else "- (0)"  # noqa: E731
             print(f"iter {it}: success {success:.3f}  grad_norm {m['grad_norm']:.3f}  "
-                  f"Δlogp(traj) positive {mean(moved[sign > 0])} negative {mean(moved[sign < 0])}", flush=True)
+                  f"Δlogp(traj) positive {mean(moved[sign > 0])} negative {mean(moved[sign < 0])}",
+                  flush=True)
             train.sync_weights(model, policy, cfg, Path("/tmp/termrl-bench-learning"), it + 1)
     finally:
         env.close()

@@ -35,7 +35,7 @@ def held_out(run_dir: Path) -> dict:
     last = max((r.get("restart", 0) for r in sft), default=0)
     sft = [r for r in sft if r.get("restart", 0) == last]  # the attempt RL started from
     val = [r for r in sft if "val_oracle_prob" in r]
-    stop = (f"{val[-1]['step'] + 1} steps ({val[-1]['val_oracle_prob']:.3f})" if val  # logged steps count from 0
+    stop = (f"{val[-1]['step'] + 1} steps ({val[-1]['val_oracle_prob']:.3f})" if val  # steps log from 0
             else f"{sft[-1]['step'] + 1} steps" if sft else "no SFT")
     summary = run_dir / "summary.txt"
     m = re.search(r"wall ([\d.]+) min", summary.read_text()) if summary.exists() else None
@@ -69,7 +69,8 @@ def episodes(run_dirs: list[Path]) -> str:
     sync mode an eval episode's policy_version is its RL step). The kind is the task name's last part."""
     at = collections.defaultdict(list)  # "first" | "last" -> episodes
     for d in run_dirs:
-        eps = [json.loads(line) for line in (d / "eval_trajectories.jsonl").read_text().splitlines() if line.strip()]
+        eps = [json.loads(line) for line in (d / "eval_trajectories.jsonl").read_text().splitlines()
+               if line.strip()]
         eps = [e for e in eps if e["valid"]]
         if eps:
             versions = sorted({e["policy_version"] for e in eps})
@@ -114,7 +115,8 @@ def main(argv=None):
             raise SystemExit(f"{run_dir}/metrics.jsonl not found: run without --no-run first")
         h = held_out(run_dir)
         if len(h["evals"]) < 2:
-            raise SystemExit(f"{run_dir}: fewer than two evals logged (is eval.at_start on and the run finished?)")
+            raise SystemExit(f"{run_dir}: fewer than two evals logged "
+                             "(is eval.at_start on and the run finished?)")
         first, last = min(h["evals"]), max(h["evals"])
         rows.append({"seed": seed, **h, "gain": h["evals"][last] - h["evals"][first]})
         dirs.append(run_dir)

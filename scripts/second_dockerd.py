@@ -28,8 +28,9 @@ class Dockerd:
         self.root.mkdir(parents=True, exist_ok=True)
         log = open(self.root / "dockerd.log", "ab")
         self.proc = subprocess.Popen(
-            ["dockerd", "-H", self.url, "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
-             "--pidfile", str(self.root / "docker.pid"), "--bridge=none", "--iptables=false", "--ip6tables=false"],
+            ["dockerd", "-H", self.url, "--data-root", str(self.root / "data"),
+             "--exec-root", str(self.root / "exec"), "--pidfile", str(self.root / "docker.pid"),
+             "--bridge=none", "--iptables=false", "--ip6tables=false"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + timeout
         while time.monotonic() < end:

@@ -26,9 +26,11 @@ ALIASES = {"model": ["m"], "data": ["d"], "train": ["tcfg"]}
 # --- base: ----------------------------------------------------------------------------------
 
 def test_a_config_states_only_what_differs_from_its_base(tmp_path):
-    (tmp_path / "a.yaml").write_text("run_name: a\ntrain: {steps: 7, lr: 0.5}\nalgo: {loss: ppo, gamma: 1.0}\n")
+    (tmp_path / "a.yaml").write_text("run_name: a\ntrain: {steps: 7, lr: 0.5}\n"
+                                     "algo: {loss: ppo, gamma: 1.0}\n")
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "b.yaml").write_text("base: ../a.yaml\nrun_name: b\ntrain: {lr: 0.25}\nalgo: {loss: gspo}\n")
+    (tmp_path / "sub" / "b.yaml").write_text("base: ../a.yaml\nrun_name: b\ntrain: {lr: 0.25}\n"
+                                             "algo: {loss: gspo}\n")
     cfg = config.load_config(tmp_path / "sub" / "b.yaml", ["train.steps=9"])
     assert (cfg.run_name, cfg.train.steps, cfg.train.lr) == ("b", 9, 0.25)
     assert cfg.algo == {"loss": "gspo", "gamma": 1.0}  # mappings merge key by key
@@ -64,7 +66,8 @@ def test_rollout_keys_a_run_sets_cannot_be_set_twice():
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["seed=3", "train.group_size=5"])
     rcfg = config.rollout_cfg(cfg)
     assert (rcfg.seed, rcfg.group_size, rcfg.max_staleness) == (3, 5, None)
-    async_cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["train.mode=async", "train.max_staleness=2"])
+    async_cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
+                                   ["train.mode=async", "train.max_staleness=2"])
     assert config.rollout_cfg(async_cfg).max_staleness == 2
     for key, source in config.RUN_SETS.items():
         with pytest.raises(config.ConfigError, match=f"'rollout.{key}' is set from '{source}'"):
@@ -162,10 +165,12 @@ def test_dtype_fast_is_bf16_only_where_the_cpu_computes_it():
 # --- ranges ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("override, allowed", [
-    ("train.lr=-1", "> 0"), ("sft.lr=-1", "> 0"), ("checkpoint.every=0", ">= 1"), ("sft.batch_size=0", ">= 1"),
-    ("train.steps=-1", ">= 0"), ("eval.num_tasks=-1", ">= 0"), ("rollout.command_timeout_s=-1", "> 0"),
-    ("train.updates_per_step=0", ">= 1"), ("rollout.max_turns=0", ">= 1"), ("train.adam_betas=[0.9,1.0]", "[0, 1)"),
-    ("engine.gpu_memory_utilization=0", "(0, 1]"), ("rollout.prefill_prob=1.5", "[0, 1]"), ("algo.kl_coef=-0.1", ">= 0"),
+    ("train.lr=-1", "> 0"), ("sft.lr=-1", "> 0"), ("checkpoint.every=0", ">= 1"),
+    ("sft.batch_size=0", ">= 1"), ("train.steps=-1", ">= 0"), ("eval.num_tasks=-1", ">= 0"),
+    ("rollout.command_timeout_s=-1", "> 0"), ("train.updates_per_step=0", ">= 1"),
+    ("rollout.max_turns=0", ">= 1"), ("train.adam_betas=[0.9,1.0]", "[0, 1)"),
+    ("engine.gpu_memory_utilization=0", "(0, 1]"),
+    ("rollout.prefill_prob=1.5", "[0, 1]"), ("algo.kl_coef=-0.1", ">= 0"),
 ])
 def test_a_value_out_of_range_is_refused_at_load_naming_key_value_and_range(override, allowed):
     """Bugs: train.lr=-1 passed --dry-run and failed after SFT with a traceback; sft.lr=-1,
@@ -181,9 +186,11 @@ def test_a_value_out_of_range_is_refused_at_load_naming_key_value_and_range(over
 
 
 def test_dry_run_refuses_a_value_out_of_range(tmp_path):
-    r = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml", "--dry-run", "--set", "train.lr=-1",
-                        "--set", f"out_dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 1 and "config error: config key 'train.lr' is -1.0; allowed: > 0" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml", "--dry-run",
+                        "--set", "train.lr=-1", "--set", f"out_dir={tmp_path / 'run'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert (r.returncode == 1
+            and "config error: config key 'train.lr' is -1.0; allowed: > 0" in r.stderr), r.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -201,10 +208,12 @@ def test_every_numeric_key_with_a_meaningful_range_declares_it():
         if typing.get_origin(annotated) is not typing.Annotated and key not in config.RANGES:
             unranged.append(key)
     assert sorted(unranged) == ["algo.clip_high", "algo.clip_low", "algo.gamma", "algo.max_filtered_share",
-                                "algo.mismatch_cap", "algo.mismatch_floor", "algo.negative_reward", "algo.norm_length",
-                                "algo.seq_clip_high", "algo.seq_clip_low", "data.eval_seed", "data.generated_seed", "seed"]
-    config.load_config(ROOT / "configs" / "tiny.yaml", ["train.steps=0", "eval.num_tasks=0", "checkpoint.every=1",
-                                                         "rollout.top_k=-1", "rollout.prefill_prob=1", "train.grad_clip=0"])
+                                "algo.mismatch_cap", "algo.mismatch_floor", "algo.negative_reward",
+                                "algo.norm_length", "algo.seq_clip_high", "algo.seq_clip_low",
+                                "data.eval_seed", "data.generated_seed", "seed"]
+    config.load_config(ROOT / "configs" / "tiny.yaml",
+                       ["train.steps=0", "eval.num_tasks=0", "checkpoint.every=1", "rollout.top_k=-1",
+                        "rollout.prefill_prob=1", "train.grad_clip=0"])
 
 
 @pytest.mark.parametrize("name", ["../../..", "a/b", ".hidden", "", "runs/../x", "a b", "é"])

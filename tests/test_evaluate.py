@@ -220,7 +220,8 @@ def test_behaviour_reads_the_tool_messages_fields_never_their_text():
     for m in t["messages"]:
         m.pop("result", None)
     assert "[exit code: 2]" in t["messages"][3]["content"] and "timed out" in t["messages"][5]["content"]
-    assert [(s.exit_code, s.timed_out, s.shell_restarted) for s in ev.episode_steps(t)] == [(None, False, False)] * 3
+    assert ([(s.exit_code, s.timed_out, s.shell_restarted) for s in ev.episode_steps(t)]
+            == [(None, False, False)] * 3)
     r = ev.behaviour_report([t])
     assert r["commands"] == 3 and r["command_fail_rate"] == 0 and r["command_timeout_rate"] == 0
 

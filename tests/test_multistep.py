@@ -43,7 +43,8 @@ def test_the_deciding_value_is_seen_in_an_earlier_output_before_the_oracle_types
             assert grading.grade(term).reward == 1.0, task.name
         for value in task.metadata["hidden"]:
             first = next(i for i, c in enumerate(cmds) if mentions(c, value))
-            assert first >= 1 and any(mentions(out, value) for out in outputs[:first]), (task.name, value, outputs)
+            assert first >= 1 and any(mentions(out, value)
+                                      for out in outputs[:first]), (task.name, value, outputs)
 
 
 # A shortcut per kind that acts without reading the deciding value (or on all candidates at once).
@@ -115,9 +116,11 @@ def test_a_run_config_draws_the_family_it_names():
     assert len(held) == cfg.eval.num_tasks  # held-out tasks share instructions with train tasks, not values
     assert {t.metadata["kind"] for t in held} == set(G.MULTISTEP_KINDS)
     assert not {(t.instruction, t.solution) for t in held} & {(t.instruction, t.solution) for t in train}
-    cfg = config.load_config(ROOT / "configs" / "smollm2-multistep.yaml", ["data.generated_kinds=[crlf,chain]"])
+    cfg = config.load_config(ROOT / "configs" / "smollm2-multistep.yaml",
+                             ["data.generated_kinds=[crlf,chain]"])
     assert {t.metadata["kind"] for t in G.load_task_sets(cfg)[0]} == {"crlf", "chain"}
     for override, needle in [("data.generated_family=hard", "'data.generated_family' is 'hard'"),
-                             ("data.generated_kinds=[create]", "unknown kinds ['create'] of the multistep family")]:
+                             ("data.generated_kinds=[create]",
+                              "unknown kinds ['create'] of the multistep family")]:
         with pytest.raises(config.ConfigError, match=re.escape(needle)):
             config.load_config(ROOT / "configs" / "smollm2-multistep.yaml", [override])

@@ -130,7 +130,8 @@ def registry():
         net.disconnect(srv)
         net.connect(srv, aliases=["registry"])
         for _ in range(100):
-            if srv.exec_run(["python3", "-c", "import urllib.request as u; u.urlopen('http://localhost:8000/pkg.txt')"]).exit_code == 0:
+            if srv.exec_run(["python3", "-c", "import urllib.request as u; "
+                             "u.urlopen('http://localhost:8000/pkg.txt')"]).exit_code == 0:
                 break
             time.sleep(0.1)
         yield name
@@ -139,7 +140,8 @@ def registry():
         net.remove()
 
 
-FETCH = "python3 -c \"import urllib.request as u; print(u.urlopen('http://registry:8000/pkg.txt', timeout=10).read().decode())\""
+FETCH = ("python3 -c \"import urllib.request as u; "
+         "print(u.urlopen('http://registry:8000/pkg.txt', timeout=10).read().decode())\"")
 
 
 def test_build_and_grading_reach_the_registry_the_agent_does_not(registry, tmp_path):
@@ -198,12 +200,14 @@ def test_offline_harness_that_cannot_install_itself_is_infra_in_both_layouts(doc
     ("tb2-partial", "environment/Dockerfile", "COPY ./tests /tests"),
     ("tb2-partial", "environment/Dockerfile", "ADD --chown=root solution/ /opt/solution"),
 ])
-def test_dockerfile_that_copies_the_tests_or_the_solution_is_refused_at_load(tmp_path, fixture, dockerfile, line):
+def test_dockerfile_that_copies_the_tests_or_the_solution_is_refused_at_load(tmp_path, fixture, dockerfile,
+                                                                             line):
     """Bug: a Dockerfile that COPYs the tests or the solution loaded and then failed to build at episode
     time (they are not in the build context, where the agent could read them from the image)."""
     d = _copy(fixture, tmp_path / fixture)
     (d / dockerfile).write_text((d / dockerfile).read_text() + line + "\n")
-    with pytest.raises(T.TaskError, match=rf"{dockerfile}:\d+: {re.escape(line)}.*never built into the image"):
+    with pytest.raises(T.TaskError,
+                       match=rf"{dockerfile}:\d+: {re.escape(line)}.*never built into the image"):
         T.load_task(d)
 
 
@@ -224,10 +228,14 @@ def test_a_task_whose_oracle_leaves_a_service_running_validates_as_shipped(docke
 
 
 # A server that records each connection in /app/hits: its tests read a file it writes while they run.
-RECORDER = ("nohup setsid python3 -c \"import socket\ns = socket.socket(); s.bind(('127.0.0.1', 8126)); s.listen()\n"
-            "while True:\n    s.accept()[0].close(); open('/app/hits', 'a').write('hit\\n')\" >/dev/null 2>&1 &\nsleep 1\n")
-RECORDED = ("python3 -c \"import socket, time; socket.create_connection(('127.0.0.1', 8126), 5); time.sleep(0.5)\"; "
-            "grep -q hit /app/hits && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+RECORDER = ("nohup setsid python3 -c \"import socket\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 8126)); s.listen()\n"
+            "while True:\n    s.accept()[0].close(); open('/app/hits', 'a').write('hit\\n')\""
+            " >/dev/null 2>&1 &\nsleep 1\n")
+RECORDED = ("python3 -c \"import socket, time; socket.create_connection(('127.0.0.1', 8126), 5); "
+            "time.sleep(0.5)\"; "
+            "grep -q hit /app/hits && echo 1 > /logs/verifier/reward.txt "
+            "|| echo 0 > /logs/verifier/reward.txt\n")
 
 
 def test_validate_names_a_task_whose_tests_read_what_its_service_writes(docker_env, tmp_path):
@@ -239,13 +247,16 @@ def test_validate_names_a_task_whose_tests_read_what_its_service_writes(docker_e
     (d / "tests" / "test.sh").write_text(RECORDED)
     row = tasktool.validate_task(docker_env, d, k=1)
     assert row["status"] == "needs_service" and "keep_agent_processes" in row["error"], row
-    (d / "task.toml").write_text((d / "task.toml").read_text().replace("[metadata]\n", "[metadata]\nkeep_agent_processes = true\n"))
+    (d / "task.toml").write_text((d / "task.toml").read_text().replace(
+        "[metadata]\n", "[metadata]\nkeep_agent_processes = true\n"))
     row = tasktool.validate_task(docker_env, d, k=1)
     assert row["status"] == "ok", row
 
 
+# a Python backslash-newline splits the RUN line below: one line in the Dockerfile
 ENTRY_DOCKERFILE = """FROM termrl-base:bookworm
-RUN printf '#!/bin/bash\\nnohup python3 -m http.server 8124 --bind 127.0.0.1 >/dev/null 2>&1 &\\nexec "$@"\\n' \\
+RUN printf '#!/bin/bash\\nnohup python3 -m http.server 8124 --bind 127.0.0.1 \
+>/dev/null 2>&1 &\\nexec "$@"\\n' \\
     > /entry.sh && chmod +x /entry.sh
 ENTRYPOINT ["/entry.sh"]
 WORKDIR /app
@@ -266,7 +277,8 @@ def test_image_entrypoint_runs_and_its_service_survives_grading(docker_env, tmp_
         env._hosts.hosts[0].host_side = False
     with env.reset(T.load_task(d)) as term:
         assert term.local is (where == "local")
-        probe = "python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8124', timeout=5)\""
+        probe = ("python3 -c \"import urllib.request; "
+                 "urllib.request.urlopen('http://127.0.0.1:8124', timeout=5)\"")
         for _ in range(50):
             if term.run(probe, timeout=10).exit_code == 0:
                 break
@@ -283,10 +295,12 @@ def test_image_entrypoint_runs_and_its_service_survives_grading(docker_env, tmp_
 # --- the task-quality classes of a public QC suite, written here: (Dockerfile lines, solution, tests) ---
 QC_TEST_SH = ("#!/bin/bash\ncd /app\npython3 -m pytest /tests/test_outputs.py -q\n"
               "[ $? -eq 0 ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
-QC_DATA = "RUN mkdir -p /app/data /app/out && printf 'id,status\\n1,ok\\n2,void\\n3,ok\\n' > /app/data/records.csv\n"
+QC_DATA = ("RUN mkdir -p /app/data /app/out && "
+           "printf 'id,status\\n1,ok\\n2,void\\n3,ok\\n' > /app/data/records.csv\n")
 QC_SOLVE = ("python3 -c \"import csv; rows = [r for r in csv.DictReader(open('/app/data/records.csv')) "
             "if r['status'] != 'void']; open('/app/out/kept.txt', 'w').write(str(len(rows)))\"\n")
-QC_CLASSES = {  # class -> (verdict, Dockerfile lines, tests/test_outputs.py, {extra tests/ files}, task.toml metadata)
+QC_CLASSES = {  # class -> (verdict, Dockerfile lines, tests/test_outputs.py,
+                # {extra tests/ files}, task.toml metadata)
     "outputs checked by the tests alone": (
         "ok", QC_DATA, "def test_kept():\n    assert open('/app/out/kept.txt').read() == '2'\n", {}, ""),
     "truth shipped with the tests": (
@@ -294,21 +308,27 @@ QC_CLASSES = {  # class -> (verdict, Dockerfile lines, tests/test_outputs.py, {e
         "open('/tests/truth/kept.txt').read()\n", {"truth/kept.txt": "2"}, ""),
     "truth baked into the image": (
         "truth_in_reach", QC_DATA + "RUN echo -n 2 > /opt/answer_truth.txt\n",
-        "def test_kept():\n    assert open('/app/out/kept.txt').read() == open('/opt/answer_truth.txt').read()\n", {}, ""),
+        "def test_kept():\n    assert open('/app/out/kept.txt').read() == "
+        "open('/opt/answer_truth.txt').read()\n", {}, ""),
     "grader in the image": (
-        "truth_in_reach", QC_DATA + "RUN printf \"print('PASS' if open('/app/out/kept.txt').read() == '2' else 'FAIL')\" "
-        "> /app/verify.py\n", "import subprocess\ndef test_kept():\n    assert 'PASS' in subprocess.run(['python3', "
+        "truth_in_reach",
+        QC_DATA + "RUN printf \"print('PASS' if open('/app/out/kept.txt').read() == '2' else 'FAIL')\" "
+        "> /app/verify.py\n",
+        "import subprocess\ndef test_kept():\n    assert 'PASS' in subprocess.run(['python3', "
         "'/app/verify.py'], capture_output=True, text=True).stdout\n", {}, ""),
     "an image input the task lists in tests_read_ok": (
         "ok", QC_DATA, "import csv\ndef test_kept():\n    n = sum(r['status'] != 'void' for r in "
-        "csv.DictReader(open('/app/data/records.csv')))\n    assert open('/app/out/kept.txt').read() == str(n)\n", {},
+        "csv.DictReader(open('/app/data/records.csv')))\n"
+        "    assert open('/app/out/kept.txt').read() == str(n)\n", {},
         'tests_read_ok = ["/app/data/*.csv"]\n'),
     "the same input, not listed": (
         "truth_in_reach", QC_DATA, "import csv\ndef test_kept():\n    n = sum(r['status'] != 'void' for r in "
-        "csv.DictReader(open('/app/data/records.csv')))\n    assert open('/app/out/kept.txt').read() == str(n)\n", {}, ""),
+        "csv.DictReader(open('/app/data/records.csv')))\n"
+        "    assert open('/app/out/kept.txt').read() == str(n)\n", {}, ""),
     "unconditional reward": (
         "noop_passes", QC_DATA, "def test_kept():\n    assert open('/app/out/kept.txt').read() == '2'\n",
-        {"test.sh": "#!/bin/bash\npython3 -m pytest /tests/test_outputs.py -q || true\necho 1 > /logs/verifier/reward.txt\n"}, ""),
+        {"test.sh": "#!/bin/bash\npython3 -m pytest /tests/test_outputs.py -q || true\n"
+                    "echo 1 > /logs/verifier/reward.txt\n"}, ""),
     "solution copied into the image": (
         "malformed", QC_DATA + "COPY solution/ /app/solution/\n", "def test_kept():\n    pass\n", {}, ""),
 }
@@ -321,9 +341,10 @@ def test_task_quality_classes_validate_with_their_verdicts(docker_env, tmp_path,
     watches what the oracle's tests read and names each such file (truth_in_reach)."""
     verdict, docker_lines, test_py, extra, meta = QC_CLASSES[kind]
     d = tmp_path / "task"
-    for rel, text in {"environment/Dockerfile": "FROM termrl-base:bookworm\n" + docker_lines + "WORKDIR /app\n",
-                      "instruction.md": "Count the rows of /app/data/records.csv whose status is not void; write "
-                                        "the count to /app/out/kept.txt.\n",
+    for rel, text in {"environment/Dockerfile": ("FROM termrl-base:bookworm\n" + docker_lines
+                                                 + "WORKDIR /app\n"),
+                      "instruction.md": "Count the rows of /app/data/records.csv whose status is not void; "
+                                        "write the count to /app/out/kept.txt.\n",
                       "solution/solve.sh": "#!/bin/bash\n" + QC_SOLVE, "tests/test.sh": QC_TEST_SH,
                       "tests/test_outputs.py": test_py, "task.toml": f'version = "1.0"\n[metadata]\n{meta}'
                       '[verifier]\ntimeout_sec = 60.0\n',

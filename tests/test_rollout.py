@@ -12,7 +12,8 @@ import time
 import pytest
 import torch
 
-from chat import TOOLS, ChatFormat, format_observation, hermes_messages, parse_tool_call, tool_call_text, tool_message
+from chat import (TOOLS, ChatFormat, format_observation, hermes_messages, parse_tool_call, tool_call_text,
+                  tool_message)
 from engines import Completion, HFEngine, Sampling
 import env as E
 from policy import Policy, ScriptedPolicy, sync_check
@@ -48,7 +49,8 @@ def assert_token_exact(traj, chat):
     ids = traj.token_ids
     n = len(ids)
     assert len(traj.loss_mask) == len(traj.imitation_mask) == len(traj.chunk_ids) == len(traj.logprobs) == n
-    assert chat.decode(ids) == chat.render(traj.messages, add_generation_prompt=traj.messages[-1]["role"] != "assistant")
+    assert chat.decode(ids) == chat.render(traj.messages,
+                                           add_generation_prompt=traj.messages[-1]["role"] != "assistant")
     assert ids[:traj.prompt_len] == chat.prompt_ids(traj.messages[:2])
     assistant = [m for m in traj.messages if m["role"] == "assistant"]
     assert len(assistant) == traj.num_turns == max(traj.chunk_ids) + 1
@@ -61,15 +63,18 @@ def assert_token_exact(traj, chat):
         text = chat.decode([ids[i] for i in pos])
         assert text in (m["content"] + chat.decode([chat.stop_id]), m["content"])
     outside = [i for i in range(n) if traj.chunk_ids[i] == -1]
-    assert all(traj.loss_mask[i] == 0 and traj.imitation_mask[i] == 0 and traj.logprobs[i] == 0 for i in outside)
+    assert all(traj.loss_mask[i] == 0 and traj.imitation_mask[i] == 0 and traj.logprobs[i] == 0
+               for i in outside)
 
 
 # --- pure parts ----------------------------------------------------------------------------
 
 def test_parse_tool_call_names_what_is_wrong():
-    ok, err = parse_tool_call('think\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -l"}}\n</tool_call>')
+    ok, err = parse_tool_call('think\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -l"}}'
+                              '\n</tool_call>')
     assert err is None and ok["arguments"]["command"] == "ls -l"
-    ok, _ = parse_tool_call('<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"pwd\\"}"}</tool_call>')
+    ok, _ = parse_tool_call('<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"pwd\\"}"}'
+                            '</tool_call>')
     assert ok["arguments"] == {"command": "pwd"}
     assert parse_tool_call(tool_call_text("submit", {}))[0]["name"] == "submit"
     for text, words in [("just text", "no <tool_call>"), ("<tool_call>{oops</tool_call>", "not valid JSON"),
@@ -96,8 +101,9 @@ def test_tool_message_fields_add_no_tokens(tiny_tokenizer):
     """The tool message's `result` fields are for readers of the trajectory: the model sees the
     same tokens as for a message of its text alone, through the template's own tool support and
     through the Hermes messages written for templates without it."""
-    res = terminal.CommandResult(output="slow\n[command timed out after 1s and was killed; the shell is still "
-                                 "usable]", exit_code=None, timed_out=True, duration_s=1.0, truncated=True,
+    res = terminal.CommandResult(output="slow\n[command timed out after 1s and was killed; "
+                                        "the shell is still usable]",
+                                 exit_code=None, timed_out=True, duration_s=1.0, truncated=True,
                                  shell_restarted=True)
     msg = tool_message(res, extra_calls=1)
     assert msg["result"] == {"exit_code": None, "timed_out": True, "shell_restarted": True, "truncated": True}
@@ -139,15 +145,18 @@ def test_prefill_anchor_leaves_the_policy_at_least_the_submit_chunk():
     ks = [R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.5), rng) for _ in range(60)]
     assert 0 in ks and n in ks and all(0 <= k <= n for k in ks)
     assert R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=0.0), rng) == 0
-    assert {R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=1.0), rng, expert=["true"]) for _ in range(5)} == {1}
+    assert {R.draw_prefill_k(task, R.RolloutConfig(prefill_prob=1.0), rng, expert=["true"])
+            for _ in range(5)} == {1}
 
 
 # --- engines -------------------------------------------------------------------------------
 
 def test_vllm_logprobs_equal_transformers_at_version_0(vllm_engine, tiny_tokenizer, hf_model):
     chat = ChatFormat(tiny_tokenizer)
-    prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "List files"}])
-    outs = vllm_engine.generate([prompt, prompt[:40]], Sampling(max_tokens=24, seed=0, stop_token_ids=(chat.stop_id,)))
+    prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT},
+                              {"role": "user", "content": "List files"}])
+    outs = vllm_engine.generate([prompt, prompt[:40]],
+                                Sampling(max_tokens=24, seed=0, stop_token_ids=(chat.stop_id,)))
     for p, c in zip([prompt, prompt[:40]], outs):
         assert c.token_ids and len(c.logprobs) == len(c.token_ids)
         ref = hf_logprobs(hf_model, p + c.token_ids)[len(p):]
@@ -156,10 +165,12 @@ def test_vllm_logprobs_equal_transformers_at_version_0(vllm_engine, tiny_tokeniz
     assert gap["sync/max_abs_logprob_gap"] < TOL and gap["sync/tokens"] == len(prompt) - 1
 
 
-def test_full_weight_update_lands_and_prefix_cache_is_reset(vllm_engine, tiny_model_dir, tiny_tokenizer, hf_model):
+def test_full_weight_update_lands_and_prefix_cache_is_reset(vllm_engine, tiny_model_dir, tiny_tokenizer,
+                                                            hf_model):
     from transformers import AutoModelForCausalLM
     chat = ChatFormat(tiny_tokenizer)
-    prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "Make a dir"}])
+    prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT},
+                              {"role": "user", "content": "Make a dir"}])
     sampling = Sampling(max_tokens=16, seed=1, stop_token_ids=(chat.stop_id,))
     vllm_engine.generate([prompt], sampling)  # the prompt's KV blocks are now in the prefix cache
     new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -192,7 +203,8 @@ def test_one_stale_layer_exceeds_the_sync_tolerance(vllm_engine, tiny_model_dir,
     Catches a TOL loose enough to pass such a half-landed sync: the old 1e-3 did (gap ~5e-4)."""
     from transformers import AutoModelForCausalLM
     chat = ChatFormat(tiny_tokenizer)
-    prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT}, {"role": "user", "content": "Copy a to b"}])
+    prompt = chat.prompt_ids([{"role": "system", "content": R.SYSTEM_PROMPT},
+                              {"role": "user", "content": "Copy a to b"}])
     new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     torch.manual_seed(0)
     with torch.no_grad():
@@ -215,7 +227,8 @@ def test_one_stale_layer_exceeds_the_sync_tolerance(vllm_engine, tiny_model_dir,
 def test_lora_hot_swap_lands(vllm_engine, tiny_tokenizer, hf_model, tmp_path):
     from peft import LoraConfig, get_peft_model
     chat = ChatFormat(tiny_tokenizer)
-    seq = chat.prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "Count lines in a.txt"}])
+    seq = chat.prompt_ids([{"role": "system", "content": "s"},
+                           {"role": "user", "content": "Count lines in a.txt"}])
     base_lp = hf_logprobs(hf_model, seq)
     peft = get_peft_model(hf_model, LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
                                                target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
@@ -245,7 +258,8 @@ def test_hf_engine_generates_scores_and_updates(tiny_model_dir, tiny_tokenizer, 
     eng = HFEngine(tiny_model_dir)
     chat = ChatFormat(tiny_tokenizer)
     prompt = chat.prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}])
-    outs = eng.generate([prompt, prompt[:30]], Sampling(max_tokens=12, seed=0, stop_token_ids=(chat.stop_id,)))
+    outs = eng.generate([prompt, prompt[:30]],
+                        Sampling(max_tokens=12, seed=0, stop_token_ids=(chat.stop_id,)))
     for p, c in zip([prompt, prompt[:30]], outs):
         assert 0 < len(c.token_ids) <= 12 and c.finish_reason in ("stop", "length")
         ref = hf_logprobs(hf_model, p + c.token_ids)[len(p):]
@@ -267,7 +281,8 @@ def test_hf_engine_generates_scores_and_updates(tiny_model_dir, tiny_tokenizer, 
 
 # --- episodes against real containers --------------------------------------------------------
 
-def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, docker_env, easy_tasks, tmp_path):
+def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, docker_env, easy_tasks,
+                                       tmp_path):
     cfg = R.RolloutConfig(max_turns=3, max_tokens_per_turn=24, max_context=2048, num_workers=2, group_size=2)
     with Policy(vllm_engine, tiny_tokenizer) as policy:
         trajs = R.collect(easy_tasks[:1], policy, docker_env, cfg, progress=False)
@@ -275,7 +290,8 @@ def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, do
         shipped = T.load_task(ROOT / "tasks" / SHIPPED[0])
         pre = R.run_episode(shipped, policy, docker_env, cfg, prefill_k=2)
     assert len(trajs) == 2 and all(t.valid and t.finish_reason in R.FINISH_REASONS for t in trajs)
-    assert pre.valid and pre.num_turns == 3 and set(pre.chunk_ids[i] for i, m in enumerate(pre.loss_mask) if m) == {2}
+    assert (pre.valid and pre.num_turns == 3
+            and set(pre.chunk_ids[i] for i, m in enumerate(pre.loss_mask) if m) == {2})
     assert all(lp == 0 for lp, m in zip(pre.logprobs, pre.imitation_mask) if m)
     for t in trajs + [pre]:
         assert_token_exact(t, policy.chat)
@@ -290,7 +306,8 @@ def test_vllm_episodes_are_token_exact(vllm_engine, tiny_tokenizer, hf_model, do
 
 def test_oracle_solves_shipped_and_generated_tasks(tiny_tokenizer, docker_env, easy_tasks):
     tasks = [T.load_task(ROOT / "tasks" / n) for n in SHIPPED] + easy_tasks[:3]
-    cfg = R.RolloutConfig(max_turns=20, max_tokens_per_turn=2048, max_context=4096, num_workers=4, group_size=1)
+    cfg = R.RolloutConfig(max_turns=20, max_tokens_per_turn=2048, max_context=4096, num_workers=4,
+                          group_size=1)
     with ScriptedPolicy(tiny_tokenizer, "oracle") as policy:
         trajs = R.collect(tasks, policy, docker_env, cfg, progress=False)
         # expert-prefilled start: the first k oracle turns are executed and marked for imitation
@@ -302,11 +319,13 @@ def test_oracle_solves_shipped_and_generated_tasks(tiny_tokenizer, docker_env, e
         assert_token_exact(t, policy.chat)
         assert t.metrics["text_mismatch"] == 0 and t.metrics["token_mismatch"] == 0
     assert pre.prefill_k == 1 and pre.messages[2].get("prefilled")
-    assert sum(pre.imitation_mask) > 0 and set(pre.chunk_ids[i] for i, m in enumerate(pre.imitation_mask) if m) == {0}
+    assert (sum(pre.imitation_mask) > 0
+            and set(pre.chunk_ids[i] for i, m in enumerate(pre.imitation_mask) if m) == {0})
 
 
 def test_garbage_policy_is_handled(tiny_tokenizer, docker_env, easy_tasks):
-    cfg = R.RolloutConfig(max_turns=8, max_tokens_per_turn=64, max_context=4096, max_invalid_turns=3, num_workers=2)
+    cfg = R.RolloutConfig(max_turns=8, max_tokens_per_turn=64, max_context=4096, max_invalid_turns=3,
+                          num_workers=2)
     with ScriptedPolicy(tiny_tokenizer, "garbage", seed=1) as policy:
         trajs = R.collect(easy_tasks[:2], policy, docker_env, cfg, group_size=1, progress=False)
     for t in trajs:
@@ -323,7 +342,8 @@ def test_prompt_without_tool_schemas(tiny_tokenizer, docker_env, easy_tasks):
     # tools_in_prompt: false drops the template's <tools> block; tool calls still parse and run
     cfg = R.RolloutConfig(max_turns=8, max_tokens_per_turn=256, max_context=4096, num_workers=2,
                           tools_in_prompt=False)
-    with ScriptedPolicy(tiny_tokenizer, "oracle", tools=cfg.tools) as bare, ScriptedPolicy(tiny_tokenizer, "oracle") as full:
+    with (ScriptedPolicy(tiny_tokenizer, "oracle", tools=cfg.tools) as bare,
+          ScriptedPolicy(tiny_tokenizer, "oracle") as full):
         short = R.collect(easy_tasks[:2], bare, docker_env, cfg, group_size=1, progress=False)
         long = R.collect(easy_tasks[:2], full, docker_env, dataclasses.replace(cfg, tools_in_prompt=True),
                          group_size=1, progress=False)
@@ -342,7 +362,8 @@ def test_prompt_without_tool_schemas(tiny_tokenizer, docker_env, easy_tasks):
     ("fixed", ["sleep 30", "sleep 30"], dict(command_timeout_s=1, max_command_timeouts=2), "command_timeout"),
     ("fixed", ["sleep 1"] * 20, dict(episode_timeout_s=2.5), "episode_timeout"),
 ])
-def test_limits_end_episodes_with_their_reason(tiny_tokenizer, docker_env, easy_tasks, mode, commands, overrides, reason):
+def test_limits_end_episodes_with_their_reason(tiny_tokenizer, docker_env, easy_tasks, mode, commands,
+                                               overrides, reason):
     cfg = R.RolloutConfig(**{**dict(max_turns=20, max_tokens_per_turn=256, max_context=4096), **overrides})
     with ScriptedPolicy(tiny_tokenizer, mode, commands=commands or ["echo"]) as policy:
         t = R.run_episode(easy_tasks[4], policy, docker_env, cfg)
@@ -360,7 +381,8 @@ def test_eight_concurrent_episodes_with_one_env_failure(tiny_tokenizer, docker_e
     assert len(trajs) == 8 and sorted(t.group_id for t in trajs) == list(range(8))
     bad = [t for t in trajs if t.task_name == "broken-setup"]
     good = [t for t in trajs if t.task_name != "broken-setup"]
-    assert len(bad) == 1 and not bad[0].valid and bad[0].finish_reason == "env_error" and math.isnan(bad[0].reward)
+    assert (len(bad) == 1 and not bad[0].valid and bad[0].finish_reason == "env_error"
+            and math.isnan(bad[0].reward))
     assert "setup failed" in bad[0].error
     assert all(t.valid and t.finish_reason == "submitted" and t.num_turns == 2 for t in good)
     b = R.make_batch(trajs, tiny_tokenizer.pad_token_id)

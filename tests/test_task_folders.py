@@ -81,12 +81,12 @@ CANARY = "host-canary-" + os.urandom(8).hex()  # what no Task, prompt, container
 
 # how a downloaded task folder could reach a host file: (fixture, path in the folder, what it links to)
 ROUTES = {
-    "test-file": ("tb1-hello", "tests/test_outputs.py", "canary.txt"),     # copied into the container as a test
+    "test-file": ("tb1-hello", "tests/test_outputs.py", "canary.txt"),     # copied in as a test
     "tests-dir": ("tb1-hello", "tests", "secrets"),                        # a host folder as the hidden tests
     "run-tests": ("tb1-hello", "run-tests.sh", "canary.txt"),              # run as the harness
     "test-sh": ("tb2-partial", "tests/test.sh", "canary.txt"),
     "instruction": ("tb2-partial", "instruction.md", "canary.txt"),        # the model's prompt
-    "solution": ("tb1-hello", "solution.sh", "canary.txt"),                # typed into a container by validate
+    "solution": ("tb1-hello", "solution.sh", "canary.txt"),                # typed into a container (validate)
     "copy-tb1": ("tb1-hello", "leak.txt", "canary.txt"),                   # a Dockerfile COPY source
     "copy-tb2": ("tb2-partial", "environment/leak.txt", "canary.txt"),
     "copy-dir": ("tb2-partial", "environment/leak", "secrets"),
@@ -113,7 +113,8 @@ def planted(tmp_path_factory):
             dockerfile = d / ("Dockerfile" if fixture == "tb1-hello" else "environment/Dockerfile")
             dockerfile.write_text(dockerfile.read_text() + f"COPY {Path(rel).name} /app/{Path(rel).name}\n")
     bad_yaml = shutil.copytree(FIXTURES / "tb1-hello", tasks / "latin1-yaml")
-    (bad_yaml / "task.yaml").write_bytes("instruction: Schreib »grüß dich« nach /app/g.txt\n".encode("latin-1"))
+    (bad_yaml / "task.yaml").write_bytes(
+        "instruction: Schreib »grüß dich« nach /app/g.txt\n".encode("latin-1"))
     bad_md = shutil.copytree(FIXTURES / "tb2-partial", tasks / "latin1-md")
     (bad_md / "instruction.md").write_bytes("Écris « bonjour » dans /app/a.txt".encode("latin-1"))
     clean = shutil.copytree(FIXTURES / "tb1-hello", tasks / "clean")
@@ -130,7 +131,8 @@ def test_a_symlink_out_of_the_task_folder_is_refused_at_load(planted, route):
     rel, target = ROUTES[route][1], ROUTES[route][2]
     with pytest.raises(T.TaskError) as e:
         T.load_task(tasks / route)
-    assert str(e.value).startswith(f"{tasks / route / rel}: a symlink to {host / target}, outside the task folder")
+    assert str(e.value).startswith(f"{tasks / route / rel}: a symlink to {host / target}, "
+                                   "outside the task folder")
     assert CANARY not in str(e.value)
 
 
@@ -148,13 +150,15 @@ def test_text_must_decode_and_sizes_have_limits(planted, tmp_path):
     with pytest.raises(T.TaskError, match=rf"instruction.md: {T.MAX_INSTRUCTION_BYTES + 1} bytes; at most"):
         T.load_task(big)
     tb1 = shutil.copytree(FIXTURES / "tb1-hello", tmp_path / "big-tb1")
-    (tb1 / "task.yaml").write_text(f"instruction: {'é' * (T.MAX_INSTRUCTION_BYTES // 2 + 1)}\n")  # 2 bytes each
-    with pytest.raises(T.TaskError, match=rf"task.yaml: the instruction is {T.MAX_INSTRUCTION_BYTES + 2} bytes; at most"):
+    (tb1 / "task.yaml").write_text(f"instruction: {'é' * (T.MAX_INSTRUCTION_BYTES // 2 + 1)}\n")  # é: 2 bytes
+    with pytest.raises(T.TaskError,
+                       match=rf"task.yaml: the instruction is {T.MAX_INSTRUCTION_BYTES + 2} bytes; at most"):
         T.load_task(tb1)
     (big / "instruction.md").write_text("Create /app/a.txt.")
     with open(big / "tests" / "data.bin", "wb") as f:  # sparse: no disk spent
         f.truncate(T.MAX_TESTS_BYTES)
-    with pytest.raises(T.TaskError, match=rf"{big / 'tests'}: \d+ bytes of tests; .* at most {T.MAX_TESTS_BYTES}"):
+    with pytest.raises(T.TaskError,
+                       match=rf"{big / 'tests'}: \d+ bytes of tests; .* at most {T.MAX_TESTS_BYTES}"):
         T.load_task(big)
     (big / "tests" / "data.bin").unlink()
     os.mkfifo(big / "tests" / "pipe")
@@ -177,7 +181,8 @@ def test_a_host_file_never_reaches_a_task_a_container_or_a_log(planted, tmp_path
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         loaded = T.load_tasks(tasks)
-    assert [t.name for t in loaded] == ["clean"] and set(loaded[0].tests) == {"test_outputs.py", "same.py", "run-tests.sh"}
+    assert ([t.name for t in loaded] == ["clean"]
+            and set(loaded[0].tests) == {"test_outputs.py", "same.py", "run-tests.sh"})
     assert CANARY not in repr(loaded) and CANARY not in err.getvalue()
     lines = err.getvalue().splitlines()
     assert sorted(Path(ln.split(": ")[1]).relative_to(tasks).parts[0] for ln in lines[:-1]) == broken, lines
@@ -185,16 +190,19 @@ def test_a_host_file_never_reaches_a_task_a_container_or_a_log(planted, tmp_path
 
     dry = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml", "--dry-run",
                           "--set", f"data.train_tasks={tasks}", "--set", f"data.eval_tasks={tasks}",
-                          "--set", f"out_dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "--set", f"out_dir={tmp_path / 'run'}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert "tasks: 1 train, 1 eval" in dry.stdout, dry.stdout + dry.stderr[-3000:]
     assert f"skipping task: {tasks / 'latin1-yaml' / 'task.yaml'}: not UTF-8 text" in dry.stderr
     assert CANARY not in dry.stdout + dry.stderr
 
     out = tmp_path / "validate.json"
-    val = subprocess.run([sys.executable, "tasktool.py", "validate", str(tasks), "--k", "1", "--json", str(out)],
+    val = subprocess.run([sys.executable, "tasktool.py", "validate", str(tasks), "--k", "1",
+                          "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     rows = {r["task"]: r for r in json.loads(out.read_text())["tasks"]}
-    assert val.returncode == 1 and rows.pop("clean")["status"] == "ok", val.stdout[-3000:] + val.stderr[-3000:]
+    assert (val.returncode == 1
+            and rows.pop("clean")["status"] == "ok"), val.stdout[-3000:] + val.stderr[-3000:]
     assert sorted(rows) == broken and all(r["status"] == "malformed" and str(tasks / n) in r["error"]
                                           for n, r in rows.items()), rows
     assert CANARY not in val.stdout + val.stderr + out.read_text()
@@ -213,7 +221,8 @@ def test_a_context_file_linked_out_after_load_is_refused_at_build(docker_env, pl
     (d / "data.txt").symlink_to(host / "canary.txt")
     with pytest.raises(T.TaskError) as e:
         docker_env.image(task)
-    assert str(e.value).startswith(f"{d / 'data.txt'}: a symlink to {host / 'canary.txt'}, outside the task folder")
+    assert str(e.value).startswith(f"{d / 'data.txt'}: a symlink to {host / 'canary.txt'}, "
+                                   "outside the task folder")
     assert CANARY not in str(e.value)
 
 
@@ -226,7 +235,8 @@ def test_a_folder_of_tasks_is_not_searched_past_a_symlink_out_of_it(tmp_path, ca
     shutil.copytree(FIXTURES / "tb2-partial", tmp_path / "tasks" / "nested" / "tb2-partial")
     (tmp_path / "tasks" / "again").symlink_to("nested")
     assert [t.name for t in T.load_tasks(tmp_path / "tasks")] == ["tb2-partial", "tb2-partial"]
-    assert f"skipping {tmp_path / 'tasks' / 'out'}: a symlink to {elsewhere.parent}, outside" in capsys.readouterr().err
+    assert (f"skipping {tmp_path / 'tasks' / 'out'}: a symlink to {elsewhere.parent}, outside"
+            in capsys.readouterr().err)
 
 
 # --- every name is checked where it is read --------------------------------------------------------
@@ -246,7 +256,8 @@ def test_a_docker_image_off_dockers_reference_grammar_is_refused(tmp_path, image
 
 
 @pytest.mark.parametrize("image", ["ubuntu", "ubuntu:22.04", "library/ubuntu:22.04",
-                                   "ghcr.io/laude-institute/t-bench/python-3-13:20250620", "localhost:5000/a/b_c__d-e.f:v1.2-rc_3",
+                                   "ghcr.io/laude-institute/t-bench/python-3-13:20250620",
+                                   "localhost:5000/a/b_c__d-e.f:v1.2-rc_3",
                                    "[::1]:5000/img", "192.168.1.2:443/x/y",
                                    "alpine@sha256:" + "a" * 64, "alpine:3.20@sha256:" + "0f" * 32])
 def test_a_docker_image_on_the_grammar_loads(tmp_path, image):
