@@ -485,3 +485,17 @@ def test_no_command_inside_the_container_makes_its_episode_infra(docker_env, eas
         assert "stopped" not in (traj.grade.get("tampered") or ""), (way, traj.grade)
     if way == "hijacked watermark, then a timeout":
         assert traj.messages[-2]["content"].startswith("after\n"), traj.messages[-2]
+
+
+def test_close_takes_under_a_second_whatever_is_left_running(docker_env, easy_tasks):
+    """Bug: `yes > /dev/stdout &` left running made Terminal.close() take 20 s. A background ticker
+    and a writer to the terminal both end with the container within a second."""
+    for left in ("while :; do date; sleep 0.1; done &", "yes > /dev/stdout &"):
+        term = docker_env.reset(easy_tasks[4])
+        term.run(left)
+        term.run("sleep 0.5")
+        t0 = time.monotonic()
+        term.close()
+        took = time.monotonic() - t0
+        assert took < 1.0, (left, took)
+        _gone(docker_env, term)
