@@ -326,23 +326,28 @@ class Shell:
             docker_exec(term.client, term.id, ["sh", "-c", script], 10)
         return True
 
-    def detach_background(self):
+    def detach_background(self) -> bool:
         """Move the shell to a fresh output pipe when background jobs still hold the current one. On
-        failure the old pipe stays in use: background output may then reach later commands."""
+        failure the old pipe stays in use: background output may then reach later commands. False
+        when the shell was told to move and did not answer (the command had made a harness variable
+        readonly or defined a function `exec`): its framing is gone."""
         hpids = cgroup_pids(self.term.cgroup)  # per command: one read of the cgroup, in the common case
         if not hpids or not self._out_pipe or not set(hpids) - self._quiet:
-            return
+            return True
         procs = self.term.procs() or {}
         holders = [h for h, n in procs.items() if n > self.floor and n != self.pid
                    and n not in self.relays and self._out_pipe in fd_targets(h)]
         self._quiet |= set(procs) - set(holders)  # checked: not writing to the terminal
         if not holders:
-            return
-        with contextlib.suppress(Exception):
-            self._move_output(procs, holders)
+            return True
+        try:
+            return self._move_output(procs, holders)
+        except Exception:
+            return True
 
-    def _move_output(self, procs: dict, holders: list):
-        """Start a relay process, point the shell's terminal fds at its stdout and read from it."""
+    def _move_output(self, procs: dict, holders: list) -> bool:
+        """Start a relay process, point the shell's terminal fds at its stdout and read from it; False
+        when the shell did not answer the move."""
         term = self.term
         shell = next((h for h, n in procs.items() if n == self.pid), None)
         ex = term.client.api.exec_create(term.id, ["bash", "--noprofile", "--norc", "-c",
@@ -355,7 +360,7 @@ class Shell:
         while b"\n" not in data:
             chunk = next_frame(sock, buf, end)
             if not chunk:
-                return
+                return True
             data += chunk
         pid = int(data.split(b"\n")[0])
         self.relays.add(pid)
@@ -373,10 +378,11 @@ class Shell:
         self._stream.pending = pending
         found, _ = self._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 10, Capped(0))
         if not found:
-            return
+            return False
         host = next((h for h, n in (term.procs() or {}).items() if n == pid), None)
         self._out_pipe = readlink(f"/proc/{host}/fd/1") if host else None
         self._quiet.add(host)
+        return True
 
 
 class Terminal:
@@ -514,7 +520,8 @@ class Terminal:
             found, status = self.shell.read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
             if found and _answered(status, answer):
                 exit_code = int(status.split()[0])
-                self.shell.detach_background()
+                if not self.shell.detach_background():  # this command broke the framing: its result says so
+                    exit_code, note = None, note + self._reframe()
             elif found:
                 note += self._reframe()
             elif status == "eof":

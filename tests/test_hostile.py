@@ -499,3 +499,23 @@ def test_close_takes_under_a_second_whatever_is_left_running(docker_env, easy_ta
         took = time.monotonic() - t0
         assert took < 1.0, (left, took)
         _gone(docker_env, term)
+
+
+PRINTER = "(while :; do echo x; sleep 0.1; done) &"
+
+
+@pytest.mark.parametrize("cmd", [f"readonly __termrl_out; {PRINTER}", f"exec() {{ :; }}; {PRINTER}",
+                                 f"readonly __termrl_in; {PRINTER}", f"exec() {{ {PRINTER} }}; {PRINTER}"])
+def test_the_command_that_broke_the_framing_carries_the_notice(docker_env, easy_tasks, cmd):
+    """Bug: a command that made a harness variable readonly, or defined a function `exec`, and left a
+    background printer broke the move of the shell's output away from it: the notice and the unknown
+    exit status landed on the next, innocent command, which was not run. Now that command's own
+    result says so, and the next one runs normally."""
+    with docker_env.reset(easy_tasks[5]) as term:
+        r = term.run(cmd, timeout=5)
+        r2 = term.run("echo next", timeout=5)
+        assert (r2.output, r2.exit_code, r2.shell_restarted) == ("next\n", 0, False), (cmd, r, r2)
+        if r.exit_code is None:  # the framing broke: this command's result says so
+            assert r.shell_restarted and "changed the shell" in r.output, (cmd, r)
+        else:
+            assert (r.exit_code, r.shell_restarted) == (0, False), (cmd, r)
