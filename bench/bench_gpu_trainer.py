@@ -140,7 +140,8 @@ def planned_gib(cfg, dev, max_context: int) -> float | None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "qwen3-lora-1gpu.yaml"))
-    ap.add_argument("--model", default=None, help="configs/models/<name> (default: the config's), or tiny")
+    ap.add_argument("--model", default=None, help="configs/models/<name> or a folder with a config.json "
+                    "(default: the config's model), or tiny")
     ap.add_argument("--set", action="append", default=[], help="config overrides, key=value")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--rows", default="32768,24576,16384,12288,8192,6144,4096,4096",
@@ -163,7 +164,8 @@ def main(argv=None):
             (model_dir / "config.json").write_text(json.dumps(TINY))
         else:
             name = a.model or Path(config.load_config(a.config).model.path).name
-            model_dir = ROOT / "configs" / "models" / name
+            model_dir = Path(name) if (Path(name) / "config.json").is_file() else \
+                ROOT / "configs" / "models" / name
         sets = [f"model.path={model_dir}", f"device={dev.type}", "model.build_tiny=false"] + a.set
         base = config.load_config(a.config, sets)
         conf = json.loads((model_dir / "config.json").read_text())
