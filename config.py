@@ -103,6 +103,8 @@ class SFTConfig:
     #                                                     val oracle trajectory exactly) reaches this; 0 = all sft.steps
     keep_moments: bool = True                           # RL's AdamW starts from SFT's moments (its own lr and schedule):
     #                                                     a fresh Adam's first steps move every weight by ~lr (sign-like)
+    checkpoint_every: Annotated[int, ">= 0"] = 10       # an SFT checkpoint every this many steps,
+    #                                                     so a killed SFT resumes there; 0 = none before it ends
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The run directory, as train.py writes it: checkpoints that survive a kill, metrics, curves, summary.
 
     runs/<name>/checkpoints/step_<N>/{model/, trainer.pt, meta.json}   latest -> step_<N>
+        and during SFT sft_<N>/ alike (sft.checkpoint_every), removed once step_000000 is saved
         under torchrun: {dcp/ (each rank's shard of weights and optimizer), trainer.pt, meta.json},
         and model/ at the run's last step
     runs/<name>/metrics.jsonl  *trajectories*.jsonl  (tb/ with TensorBoard)  curves.png  summary.txt
@@ -68,6 +69,12 @@ def writer(out: Path) -> str:
     return f"process {pid}" + ("" if host == socket.gethostname() else f" on {host}")
 
 
+def checkpoints(ckpt_root: Path) -> list[Path]:
+    """The checkpoints in ckpt_root, oldest first: SFT's (sft_<N>), then RL's (step_<N>, step_000000
+    the SFT-only start, saved after the last SFT step)."""
+    return sorted(ckpt_root.glob("sft_*")) + sorted(ckpt_root.glob("step_*"))
+
+
 def _holds_run(out: Path) -> bool:
     return out.is_dir() and any(p.name != LOCK for p in out.iterdir())
 
@@ -80,7 +87,7 @@ def claim_run_dir(out: Path, resume: bool, restart: bool) -> RunLock:
     tests/test_rundir.py::test_an_existing_run_is_refused_or_moved_aside_never_clobbered"""
     if resume and restart:
         raise SystemExit("--resume continues the run in out_dir and --restart starts it over: pass one of them")
-    ckpts = sorted((out / "checkpoints").glob("step_*"))
+    ckpts = checkpoints(out / "checkpoints")
     if _holds_run(out) and not (resume or restart):  # refused without writing anything
         metrics = out / "metrics.jsonl"
         held = [f"{len(metrics.read_text().splitlines())} metrics records" if metrics.exists() else "no metrics",
@@ -89,7 +96,7 @@ def claim_run_dir(out: Path, resume: bool, restart: bool) -> RunLock:
                          f"its latest checkpoint, or --restart to start over (the old run is moved to "
                          f"{out}.<date-time>, nothing is deleted), or set another run_name / out_dir.")
     lock = RunLock(out)
-    ckpts = sorted((out / "checkpoints").glob("step_*"))  # again, now that no one else writes
+    ckpts = checkpoints(out / "checkpoints")  # again, now that no one else writes
     if not _holds_run(out) or (resume and ckpts):
         return lock
     aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
@@ -180,19 +187,21 @@ def _disk_full(e: BaseException | None, where: Path) -> bool:
     return usage.free < min(64 << 20, usage.total // 20)
 
 
-def checkpoint_tmp(ckpt_root: Path, step: int) -> Path:
-    """The empty directory step <step>'s checkpoint is written into before save_checkpoint renames
+def checkpoint_tmp(ckpt_root: Path, step: int, kind: str = "step") -> Path:
+    """The empty directory <kind>_<step>'s checkpoint is written into before save_checkpoint renames
     it: under torchrun rank 0 makes it and every rank writes its shards there first."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_root / f".tmp-step_{step:06d}-{os.getpid()}"
+    tmp = ckpt_root / f".tmp-{kind}_{step:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     return tmp
 
 
 def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_last: int,
-                    tmp: Path | None = None, hashed: dict | None = None) -> Path:
-    """Write step_<N>/ (model/ in HF format + trainer.pt) atomically, point `latest` at it, keep the last K and step 0.
+                    tmp: Path | None = None, hashed: dict | None = None, kind: str = "step") -> Path:
+    """Write step_<N>/ (model/ in HF format + trainer.pt) atomically, point `latest` at it, keep
+    the last K and step 0. kind "sft" writes sft_<N>/, an SFT checkpoint, alike; the last K of those
+    are kept until a step_ checkpoint is saved, which supersedes them all.
 
     `write_model(dir)` saves the model or adapter (plus tokenizer) loadable as is by
     transformers / peft / vLLM; None writes no model/ (a torchrun checkpoint holds its weights in
@@ -206,9 +215,9 @@ def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_l
     (tests/test_rundir.py::test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint).
     """
     import torch
-    final = ckpt_root / f"step_{step:06d}"
+    final = ckpt_root / f"{kind}_{step:06d}"
     try:
-        tmp = tmp or checkpoint_tmp(ckpt_root, step)
+        tmp = tmp or checkpoint_tmp(ckpt_root, step, kind)
         if write_model is not None:
             write_model(tmp / "model")
         torch.save(state, tmp / "trainer.pt")
@@ -223,13 +232,17 @@ def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_l
         os.rename(tmp, final)
         _write_atomic(ckpt_root / "latest", final.name + "\n")
     except Exception as e:  # not a KeyboardInterrupt: a kill leaves tmp, which the next save sweeps
-        checkpoint_failed(ckpt_root, tmp or ckpt_root / f".tmp-step_{step:06d}-{os.getpid()}", final, e)
+        checkpoint_failed(ckpt_root, tmp or ckpt_root / f".tmp-{kind}_{step:06d}-{os.getpid()}", final, e)
     # step 0 (the SFT-only start, what every RL gain is measured against) stays whatever keep_last
     # says: tests/test_train.py::test_keep_last_keeps_the_sft_only_start
-    for old in sorted(ckpt_root.glob("step_*"))[:-keep_last] if keep_last > 0 else []:
+    for old in sorted(ckpt_root.glob(f"{kind}_*"))[:-keep_last] if keep_last > 0 else []:
         if old != final and old.name != "step_000000":
             shutil.rmtree(old, ignore_errors=True)
-    for stale in ckpt_root.glob(".tmp-step_*"):  # left by a run killed mid-save
+    # a resume takes step_000000 (or later) over any SFT checkpoint, so those are dead weight (~the
+    # model's size each): tests/test_train.py::test_sigkill_during_sft_and_resume_continues_the_unbroken_run_bit_for_bit
+    for old in ckpt_root.glob("sft_*") if kind == "step" else []:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in ckpt_root.glob(".tmp-*_*"):  # left by a run killed mid-save
         if not stale.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(stale, ignore_errors=True)
     return final
@@ -242,7 +255,7 @@ def checkpoint_failed(ckpt_root: Path, tmp: Path, final: Path, e: Exception):
     shutil.rmtree(tmp, ignore_errors=True)
     if not full:
         raise e
-    kept = sorted(p.name for p in ckpt_root.glob("step_*"))
+    kept = [p.name for p in checkpoints(ckpt_root)]
     why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
     raise SystemExit(f"checkpoint {final.name} not saved: the disk holding {ckpt_root} is full "
                      f"({shutil.disk_usage(ckpt_root).free >> 20} MiB free once its partial files were removed; "
@@ -287,7 +300,7 @@ def resume_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict]:
     tests/test_rundir.py::test_a_log_cut_inside_the_last_checkpoint_falls_back_to_one_it_holds"""
     import torch
     problems = []
-    for path in sorted(ckpt_root.glob("step_*"), reverse=True):
+    for path in reversed(checkpoints(ckpt_root)):
         problem = verify_checkpoint(path)
         if problem is None:
             problem = _log_problem(ckpt_root.parent, json.loads((path / "meta.json").read_text()).get("logs", {}))

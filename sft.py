@@ -4,7 +4,8 @@ The paper trains SFT -> RL; a policy that never samples a success gives RL no si
 calls, once, before RL:
 
     val_tasks = sft.val_tasks(train_tasks, cfg)   # the last train tasks: RL's, never SFT's
-    opt = sft.warm_start(cfg, model, tok, env, train_tasks[:cfg.sft.num_tasks], val_tasks, rcfg, log)
+    opt = sft.warm_start(cfg, model, tok, env, train_tasks[:cfg.sft.num_tasks], val_tasks, rcfg, log,
+                         restore=..., save=...)   # an SFT checkpoint's state, and how to write one
 
 The oracle trajectories are collected in real containers (real tool outputs); each step trains on
 sft.batch_size of them through learner.sft_step, the optimizer step RL uses too.
@@ -66,22 +67,37 @@ def oracle_demos(cfg, tok, env, tasks, val_tasks, rcfg, rank: int = 0) -> tuple[
     return demos, val
 
 
-def warm_start(cfg, model, tok, env, tasks, val_tasks, rcfg, log, rank: int = 0):
+def warm_start(cfg, model, tok, env, tasks, val_tasks, rcfg, log, rank: int = 0, restore=None, save=None):
     """sft.steps optimizer steps (fewer once sft.stop_at_val_prob is reached); returns the optimizer,
-    whose Adam moments RL may start from (sft.keep_moments)."""
-    demos, val = oracle_demos(cfg, tok, env, tasks, val_tasks, rcfg, rank)
+    whose Adam moments RL may start from (sft.keep_moments).
+
+    Every sft.checkpoint_every steps (but the last) save(step, opt, sched, state) writes an SFT
+    checkpoint of `state`: the steps done, the batch draw's RNG state and the oracle demos (all
+    ranks' train demos, this rank's validation ones), which a resume takes rather than collecting
+    them in containers again. restore(opt, sched), at a resume, loads such a checkpoint's optimizer,
+    schedule and RNG states and returns its `state` (with every rank's validation demos): SFT goes
+    on as if never stopped, its early stop too, and logs each step once
+    (tests/test_train.py::test_sigkill_during_sft_and_resume_continues_the_unbroken_run_bit_for_bit)."""
+    if restore is None:
+        demos, val = oracle_demos(cfg, tok, env, tasks, val_tasks, rcfg, rank)
     world = distributed.world_size()
-    val_batch = rollout.make_batch(val, tok.pad_token_id) if val else None
     opt, sched = learner.make_optimizer(model, cfg.sft.lr, cfg.train.weight_decay, cfg.train.adam_betas,
                                         cfg.sft.warmup_steps, cfg.sft.steps, "cosine")
-    rng = random.Random(f"sft-{cfg.seed}")
-    bar = tqdm(range(cfg.sft.steps), desc="sft", disable=rank != 0)
+    rng, start = random.Random(f"sft-{cfg.seed}"), 0
+    if restore is not None:
+        st = restore(opt, sched)
+        names = {t.name for t in val_tasks}  # this rank's share, as the run that saved it had it
+        demos, val, start = st["demos"], [t for t in st["val"] if t.task_name in names], st["step"]
+        rng.setstate(st["batch_rng"])
+    val_batch = rollout.make_batch(val, tok.pad_token_id) if val else None
+    bar = tqdm(range(start, cfg.sft.steps), desc="sft", initial=start, total=cfg.sft.steps, disable=rank != 0)
     for s in bar:
         picked = rng.sample(demos, min(cfg.sft.batch_size, len(demos)))[rank::world]
         m = learner.sft_step(model, opt, sched, rollout.make_batch(picked, tok.pad_token_id), cfg.train)
         if val_batch is not None and ((s + 1) % cfg.sft.val_every == 0 or s + 1 == cfg.sft.steps):
             m.update(validation(model, val_batch, cfg, rcfg.temperature))
-        bar.set_postfix(loss=f"{m['loss']:.3f}", **({"val_p": f"{m['val_oracle_prob']:.3f}"} if "val_oracle_prob" in m else {}))
+        bar.set_postfix(loss=f"{m['loss']:.3f}",
+                        **({"val_p": f"{m['val_oracle_prob']:.3f}"} if "val_oracle_prob" in m else {}))
         if rank == 0:
             log.log({"phase": "sft", "step": s, **m})
         # a policy that already samples the oracle this often gives RL signal, and leaves RL room
@@ -90,4 +106,8 @@ def warm_start(cfg, model, tok, env, tasks, val_tasks, rcfg, log, rank: int = 0)
                 tqdm.write(f"sft: stopped after {s + 1} steps, val_oracle_prob {m['val_oracle_prob']:.3f} "
                            f">= sft.stop_at_val_prob {cfg.sft.stop_at_val_prob}")
             break
+        # after the step's record: the checkpoint notes the log's size, and a resume cuts it back there
+        every = cfg.sft.checkpoint_every
+        if save is not None and every and (s + 1) % every == 0 and s + 1 < cfg.sft.steps:
+            save(s + 1, opt, sched, {"step": s + 1, "batch_rng": rng.getstate(), "demos": demos, "val": val})
     return opt

@@ -23,6 +23,7 @@ Where that stops scaling, and what to move to, is in the README ("Training on se
 import argparse
 import dataclasses
 import errno
+import functools
 import os
 import queue
 import random
@@ -261,7 +262,7 @@ def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
                            cfg.checkpoint.keep_last)
 
 
-def sharded_checkpoint(r: Run, step: int, st: dict, opts: dict, sched) -> Path:
+def sharded_checkpoint(r: Run, step: int, st: dict, opts: dict, sched, kind: str = "step") -> Path:
     """A torchrun checkpoint: every rank writes its shard of the weights and of `opts`' optimizer
     states into dcp/ at once (distributed.save_shards), inside rank 0's atomic step directory; rank
     0 adds trainer.pt (`st`: steps, RNG, experts, schedule) and meta.json. Nothing is gathered, and
@@ -280,8 +281,8 @@ def sharded_checkpoint(r: Run, step: int, st: dict, opts: dict, sched) -> Path:
     bad = next((b for b in distributed.gather(bad, r.world) if b is not None), None)
     if bad is not None:
         raise SystemExit(bad)
-    tmp = distributed.from_rank0(rundir.checkpoint_tmp(root, step) if r.rank == 0 else None, r.world)
-    final = root / f"step_{step:06d}"
+    tmp = distributed.from_rank0(rundir.checkpoint_tmp(root, step, kind) if r.rank == 0 else None, r.world)
+    final = root / f"{kind}_{step:06d}"
     try:
         hashed = distributed.save_shards(tmp / distributed.SHARDS, r.model, opts)
     except Exception as e:  # a rank's write failed: DCP raises it on every rank
@@ -289,24 +290,60 @@ def sharded_checkpoint(r: Run, step: int, st: dict, opts: dict, sched) -> Path:
             rundir.checkpoint_failed(root, tmp, final, e)
         raise SystemExit(f"checkpoint {final.name} not saved (rank {r.rank}: {type(e).__name__}); rank 0 says why")
     hashed = {k: v for d in distributed.gather(hashed, r.world) for k, v in d.items()}
-    full = distributed.full_state_dict(r.model) if step == cfg.train.steps else None  # collective under FSDP
+    last = kind == "step" and step == cfg.train.steps
+    full = distributed.full_state_dict(r.model) if last else None  # collective under FSDP
     if r.rank == 0:
         save_checkpoint(root, step, None if full is None else lambda d: learner.save_model(r.model, r.tok, d, full),
-                        st, cfg.checkpoint.keep_last, tmp=tmp, hashed=hashed)
+                        st, cfg.checkpoint.keep_last, tmp=tmp, hashed=hashed, kind=kind)
     return final
 
 
 def warm_start(r: Run):
-    """The optional SFT warm start on oracle trajectories (the paper trains SFT -> RL); returns its
-    optimizer (None when skipped) and saves step 0, the SFT-only start and the engine's first weights."""
+    """The optional SFT warm start on oracle trajectories (the paper trains SFT -> RL), from the SFT
+    checkpoint a resume found (sft_checkpoint) or from the start; returns its optimizer (None when
+    skipped) and saves step 0, the SFT-only start and the engine's first weights."""
     cfg = r.cfg
     if not cfg.sft.steps or r.state.get("sft_done"):
         return None
     val_tasks = sft.val_tasks(r.train_tasks, cfg)
+    restore = functools.partial(sft_restore, r) if "sft" in r.state else None
     sft_opt = sft.warm_start(cfg, r.model, r.tok, r.env, r.train_tasks[:cfg.sft.num_tasks][r.rank::r.world],
-                             val_tasks[r.rank::r.world], r.rcfg, r.log, r.rank)
+                             val_tasks[r.rank::r.world], r.rcfg, r.log, r.rank, restore,
+                             functools.partial(sft_checkpoint, r))
+    r.state = {}  # RL starts from the SFT-only start as a run never stopped does
     r.ckpt = checkpoint(r, 0, sft_opt=sft_opt)
     return sft_opt
+
+
+def sft_checkpoint(r: Run, step: int, opt, sched, st: dict) -> Path:
+    """checkpoints/sft_<step> (sft.warm_start's `save`, every sft.checkpoint_every SFT steps), from
+    which a resume continues SFT bit for bit: the weights, SFT's AdamW and schedule, the RNG states
+    and `st` (steps done, the batch draw's RNG state, the oracle demos, every rank's validation
+    ones), written as RL's are: one process's model/ and trainer.pt, or each rank's shards. Under
+    "sft" in trainer.pt: RL's keys would make a resume skip SFT. Every rank takes part."""
+    val = [t for part in distributed.gather(st["val"], r.world) for t in part]
+    state = {"sft": {**st, "val": val, "rng": rng_state(), "scheduler": sched.state_dict()}}
+    if r.world > 1:
+        return sharded_checkpoint(r, step, state, {"sft_optimizer": opt}, None, kind="sft")
+    state["sft"]["optimizer"] = opt.state_dict()
+    full = distributed.unwrap(r.model).state_dict()
+    rundir.stop_if_non_finite(step, weights=full)
+    return save_checkpoint(r.out / "checkpoints", step, lambda d: learner.save_model(r.model, r.tok, d, full),
+                           state, r.cfg.checkpoint.keep_last, kind="sft")
+
+
+def sft_restore(r: Run, opt, sched) -> dict:
+    """sft.warm_start's `restore`: the SFT checkpoint's AdamW (each rank its shard under torchrun),
+    schedule and RNG states (setup's seeding replaced, as nothing has drawn since) into this
+    process; returns its "sft" state."""
+    st = r.state["sft"]
+    if "sft_optimizer" in r.state.get("sharded", ()):
+        distributed.load_shards(r.ckpt / distributed.SHARDS, r.model, {"sft_optimizer": opt}, weights=False)
+    else:
+        distributed.load_optimizer_state(r.model, opt, st["optimizer"])
+    sched.load_state_dict(st["scheduler"])
+    set_rng_state(st["rng"])
+    return st
 
 
 def rl_optimizer(r: Run, sft_opt):

@@ -154,6 +154,35 @@ def test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs(tiny_mode
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
 
 
+def test_sft_checkpoints_resume_before_step_0_and_go_once_it_is_saved(tmp_path):
+    """SFT checkpoints (sft_<N>, kind "sft") are written and checked as RL's are: a --resume of a run
+    that holds only them continues it (not moved aside), skips one cut short for the one before it
+    and cuts the log back to that one; the SFT-only start (step_000000) comes after every one of
+    them, and saving it removes them all (and a killed save's leftovers)."""
+    def write(d):
+        d.mkdir()
+        (d / "w.bin").write_bytes(os.urandom(64))
+    out = tmp_path / "run"
+    out.mkdir()
+    ck = out / "checkpoints"
+    for step in (2, 4, 6):
+        _append(out / "metrics.jsonl", [{"phase": "sft", "step": s} for s in range(step - 2, step)])
+        rundir.save_checkpoint(ck, step, write, {"sft": {"step": step}}, keep_last=2, kind="sft")
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "sft_000004", "sft_000006"]
+    assert rundir.latest_checkpoint(ck).name == "sft_000006"
+    _append(out / "metrics.jsonl", [{"phase": "sft", "step": 6}])  # killed during SFT step 7
+    rundir.claim_run_dir(out, resume=True, restart=False).close()
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # continued, not moved aside
+    (ck / "sft_000006" / "trainer.pt").write_bytes(b"")
+    path, state = rundir.resume_checkpoint(ck)
+    assert path.name == "sft_000004" and state == {"sft": {"step": 4}}
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+    (ck / ".tmp-sft_000006-999999999").mkdir()  # a save a kill cut short
+    rundir.save_checkpoint(ck, 0, write, {"step": 0}, keep_last=2)
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_000000"]
+    assert rundir.resume_checkpoint(ck)[0].name == "step_000000"
+
+
 def test_non_finite_loss_or_weights_stop_the_run(tiny_model_dir):
     """Bug: NaN weights (from a corrupted checkpoint) trained on and were saved as a NaN checkpoint.
     A non-finite loss or weight now ends the run naming the step, before anything is saved."""

@@ -854,6 +854,63 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
 
 
 @pytest.mark.slow
+def test_sigkill_during_sft_and_resume_continues_the_unbroken_run_bit_for_bit(tiny_model_dir, tmp_path):
+    """A run SIGKILLed during its SFT warm start, after an SFT checkpoint (sft.checkpoint_every), and
+    resumed, equals the unbroken run bit for bit: every SFT record once (loss, grad norm, val_nll and
+    val_oracle_prob), the early stop at sft.stop_at_val_prob after the same step, the SFT-only start
+    (weights, SFT's AdamW moments and schedule, RNG states) and the RL step after it. Both leave no
+    SFT checkpoint once step 0 is saved. Bug: SFT saved nothing until it ended, so a kill during it
+    lost all of it."""
+    import shutil
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    overrides = ["model.build_tiny=false", f"model.path={model}", "engine.kind=hf", "sft.steps=8",
+                 "sft.checkpoint_every=2", "sft.num_tasks=6", "sft.batch_size=3", "sft.val_tasks=2",
+                 "sft.val_every=1", "sft.stop_at_val_prob=1e-48", "train.steps=1", "train.tasks_per_step=2",
+                 "train.group_size=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=64", "eval.num_tasks=0", "checkpoint.every=1",
+                 "algo.negative_reward=-1.0", "plot=false", "tensorboard=false"]
+    cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + _sets(overrides)
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    with open(tmp_path / "whole.log", "w") as wf, open(tmp_path / "first.log", "w") as f:
+        unbroken = subprocess.Popen(cmd + ["--set", f"out_dir={whole}"], cwd=ROOT, stdout=wf,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd + ["--set", f"out_dir={out}"], cwd=ROOT, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    ckpts = out / "checkpoints"
+    try:  # the kill lands after SFT step 2's checkpoint, with SFT steps left before step 0's
+        deadline = time.time() + 900
+        while not (ckpts / "sft_000002").exists():
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.time() < deadline
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = [r["step"] for r in _records(out) if r["phase"] == "sft"]
+    assert not (ckpts / "step_000000").exists(), f"the kill came too late to test it: after {killed_at}"
+    resumed_from = [p.name for p in rundir.checkpoints(ckpts)]  # the newest intact one
+    second = subprocess.run(cmd + ["--set", f"out_dir={out}", "--resume"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=900)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    assert unbroken.wait(900) == 0, (tmp_path / "whole.log").read_text()[-3000:]
+
+    sft = [r for r in _records(out) if r["phase"] == "sft"]
+    assert [r["step"] for r in sft] == list(range(len(sft))) and all("val_oracle_prob" in r for r in sft)
+    # val_oracle_prob climbs ~1e-116 -> 1e-38 over the 8 steps: the stop comes after the kill, before the end
+    assert killed_at[-1] < len(sft) - 1 and len(sft) < 8, (killed_at, [r["val_oracle_prob"] for r in sft])
+    assert _records(out) == _records(whole), f"resumed from {resumed_from}, killed after SFT steps {killed_at}"
+    for step in (0, 1):  # the engine draws from torch's generator once RL starts (see the test above)
+        a, b = whole / "checkpoints" / f"step_{step:06d}", ckpts / f"step_{step:06d}"
+        _same_checkpoint(a, b, skip_rng=("torch",) if step else ())
+    sa, sb = (torch.load(c / "checkpoints" / "step_000000" / "trainer.pt", weights_only=False) for c in (whole, out))
+    _same_tensors(sa["sft_optimizer"], sb["sft_optimizer"], "step_000000 sft_optimizer")
+    assert {float(s["step"]) for s in sb["sft_optimizer"]["state"].values()} == {float(len(sft))}
+    for run in (whole, out):  # superseded by the SFT-only start: no disk held for them
+        assert not list((run / "checkpoints").glob("sft_*")), sorted((run / "checkpoints").iterdir())
+
+
+@pytest.mark.slow
 def test_a_run_that_fills_its_disk_stops_in_one_line_and_resumes(tiny_model_dir, tmp_path):
     """A real run (SFT + 2 RL steps) whose out_dir is a 64 MiB tmpfs: the SFT-only checkpoint fits,
     step 1's does not. Bug: raw tracebacks (torch.save's "unexpected pos" never says disk) and
@@ -896,7 +953,8 @@ def test_a_run_that_fills_its_disk_stops_in_one_line_and_resumes(tiny_model_dir,
 # --- torchrun (slow): two gloo ranks, on one node or two, DDP and FSDP2 ----------------------
 
 # 3 tasks and 3 SFT rows: uneven shares, so the ranks run different numbers of micro-batches
-TORCHRUN_OVERRIDES = ["model.build_tiny=false", "engine.kind=hf", "sft.steps=2", "sft.num_tasks=4", "sft.batch_size=3",
+TORCHRUN_OVERRIDES = ["model.build_tiny=false", "engine.kind=hf", "sft.steps=2", "sft.checkpoint_every=1",
+                      "sft.num_tasks=4", "sft.batch_size=3",
                       "sft.val_tasks=2", "train.tasks_per_step=3", "train.group_size=2", "train.micro_batch_tokens=300",
                       "algo.negative_reward=-1.0", "rollout.max_turns=2", "rollout.prefill_prob=1.0",
                       "rollout.refresh_expert=true", "eval.num_tasks=0", "checkpoint.every=1", "checkpoint.keep_last=5",
