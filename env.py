@@ -100,10 +100,19 @@ def _create(client, key: tuple, labels: dict, disk_quota: bool) -> str:
         host_config=client.api.create_host_config(**_limits(key, disk_quota)))["Id"]
 
 
-def _sweep_own(h: Host, token: str):
-    """Remove what a rejoining host still holds of the Env whose containers carry token, and stale containers."""
-    for c in h.client.api.containers(all=True, filters={"label": f"{LABEL}.env={token}"}):
-        remove(h.client, c["Id"])
+def _sweep_own(h: Host, token: str, live: dict):
+    """What a rejoining host still holds of the Env whose containers carry token: a container that
+    outlived the outage (still running) goes on serving its open terminal (`live`, by id: adopted)
+    or is removed by label; one that stopped or vanished with its daemon is counted lost (failed).
+    Then stale containers (tests/test_hosts.py::test_a_daemon_stopped_shorter_than_the_wait_*)."""
+    held = {c["Id"]: c.get("State") for c in h.client.api.containers(all=True, filters={"label": f"{LABEL}.env={token}"})}
+    for cid, state in held.items():
+        if state == "running" and cid in live:
+            live[cid].adopt()
+            continue
+        remove(h.client, cid)
+        h.failed += state != "running"
+    h.failed += len((h.lost | set(live)) - set(held))
     h.lost.clear()
     sweep_stale(h.client)
 
@@ -344,7 +353,6 @@ class Env:
         with self._lock:
             if not self._hosts.drain(h, why):
                 return
-            h.failed += h.running
             lost = self._pool.drop_host(h)
         for t in lost:
             t.close()  # no docker call: the ids wait in h.lost for the rejoin's sweep
@@ -360,8 +368,9 @@ class Env:
                 due = self._hosts.due()
             for h in due:
                 if (why := _connect(self._docker, h, self._max_starts)) is None:
+                    live = {t.id: t for t in list(self._terms) if t.host is h and not t.closed}
                     with contextlib.suppress(Exception):  # what is left is swept at the next start
-                        _sweep_own(h, self._token)
+                        _sweep_own(h, self._token, live)
                 self._hosts.rejoin(h, why)  # why: it still does not answer
             time.sleep(CHECK_EVERY_S)
 

@@ -612,6 +612,11 @@ class Terminal:
         """Whether this container's host has not been drained since it started (no call to it)."""
         return self.host is None or (self.host.up and self.host.epoch == self._epoch)
 
+    def adopt(self):
+        """The container outlived its host's outage (it still runs once the host rejoined): serve on."""
+        if self.host is not None:
+            self._epoch = self.host.epoch
+
     def check_host(self):
         """Raise HostDown when this container's host was drained since it started (host_ok)."""
         if not self.host_ok():
@@ -636,7 +641,7 @@ class Terminal:
         if not self.closed:
             self.closed = True
             self.shell.close()
-            if not self.host_ok():
+            if self.host is not None and not self.host.up:
                 # no call to a daemon that stopped answering (it may hang): removed when the host rejoins
                 self.host.lost.add(self.id)
                 forget(self.id)

@@ -226,11 +226,14 @@ def test_a_daemon_down_at_start_is_named_by_its_own_error(tmp_path):
 
 def test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode(second, easy_tasks, tiny_tokenizer):
     """Bug: a daemon stopped (SIGSTOP) for less than env.hosts_down_wait_s stopped the run with
-    "every Docker host has stopped answering", though it answered again before the wait ran out:
-    the doubling back-off had put its next retry past the wait. With the only host stopped for
-    44 s of a 50 s wait, the step's episodes all end valid and nothing of ours is left."""
+    "every Docker host has stopped answering", though it had answered again for a while: the
+    doubling back-off had put the drained host's next retry past the wait, and the run stopped at
+    the wait without asking it again. Here the daemon is let go once the back-off has set that
+    retry (after the retry in flight gave up), well before the wait ends: the step's episodes all
+    end valid, and the containers that outlived the stall are removed by label, not counted lost."""
+    wait = 40.0
     cfg = R.RolloutConfig(max_turns=4, num_workers=3, group_size=1)
-    with E.Env(hosts=[f"{seeded(second)},name=stalled"], hosts_down_wait_s=50.0) as env, \
+    with E.Env(hosts=[f"{seeded(second)},name=stalled"], hosts_down_wait_s=wait) as env, \
             ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
         host = env._hosts.hosts[0]
         result = {}
@@ -250,7 +253,12 @@ def test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode(second, easy_ta
         time.sleep(1.0)
         second.proc.send_signal(signal.SIGSTOP)
         try:
-            time.sleep(44)  # past the back-off's retry at ~31 s; its next, at ~63 s, is past the wait
+            end = time.monotonic() + wait
+            while host.up or host.retry_at < host.down_since + wait - 1:  # the last retry within the wait is set
+                assert time.monotonic() < end, "the stopped daemon was not drained"
+                time.sleep(0.1)
+            time.sleep(H.PROBE_TIMEOUT_S + 1)  # the retry in flight gives up
+            assert time.monotonic() < host.down_since + wait - 3, "the back-off left no time to let it go"
         finally:
             second.proc.send_signal(signal.SIGCONT)
         th.join(180)
@@ -259,6 +267,7 @@ def test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode(second, easy_ta
         assert len(trajs) == 3 and all(t.valid and t.finish_reason == "submitted" for t in trajs), \
             [(t.finish_reason, t.error) for t in trajs]
         assert host.up and [e[2] for e in env._hosts.events][-1] == "rejoined"
+        assert host.failed == 0, host.failed  # they outlived the stall: not lost
     assert not own(host.client, env._token)
 
 
