@@ -28,18 +28,18 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    path: str = "out/tiny"                          # Hugging Face model directory (or a name in the local HF cache)
+    path: str = "out/tiny"                          # Hugging Face model dir (or a name in the local HF cache)
     build_tiny: bool = False                        # build tiny.py's model into `path` first (no downloads)
-    fetch: str = ""                                 # the command that makes `path` (e.g. a conversion script):
-    #                                                 a missing path's error names it instead of a hub download
-    tiny: dict = field(default_factory=dict)        # extra kwargs for tiny.build_tiny_model (hidden_size, ...)
+    fetch: str = ""                                 # command that makes `path` (e.g. a conversion script):
+    #                                                 a missing path's error names it, not a hub download
+    tiny: dict = field(default_factory=dict)        # kwargs for tiny.build_tiny_model (hidden_size, ...)
     lora: bool = False                              # train a LoRA adapter (peft) instead of all weights
-    lora_rank: Annotated[int, ">= 1"] = 16          # adapter rank: capacity vs memory (and vLLM's max_lora_rank)
-    lora_alpha: Annotated[int, ">= 1"] = 32         # adapter scale alpha/rank: the adapter's effective step size
+    lora_rank: Annotated[int, ">= 1"] = 16          # adapter rank: capacity vs memory (vLLM's max_lora_rank)
+    lora_alpha: Annotated[int, ">= 1"] = 32         # scale alpha/rank: the adapter's effective step size
     lora_dropout: Annotated[float, "[0, 1)"] = 0.0  # dropout on the adapter's input (regularises small data)
     lora_target_modules: list[str] = field(default_factory=lambda: [  # the layers that get adapters
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    gradient_checkpointing: bool = False            # recompute activations in backward: less memory, one more forward
+    gradient_checkpointing: bool = False            # recompute activations: less memory, one more forward
     # auto = bf16 on GPU, fp32 on CPU; fast = bf16 on GPU and on CPUs with AMX / AVX512-BF16, fp32 on
     # others (where bf16 is emulated); or float32 / bfloat16 / float16
     dtype: str = "auto"
@@ -47,30 +47,34 @@ class ModelConfig:
 
 @dataclass
 class EngineConfig:
-    kind: str = "vllm"                                        # vllm | hf (transformers generate; slow, no vLLM needed)
+    kind: str = "vllm"                                        # vllm | hf (transformers: slow, needs no vLLM)
     gpu_memory_utilization: Annotated[float, "(0, 1]"] = 0.5  # colocated with the trainer: leave room for it
-    cpu_kvcache_gb: Annotated[float, "> 0"] = 1.0             # the KV cache on CPU (VLLM_CPU_KVCACHE_SPACE, whole GiB, overrides)
-    max_model_len: Annotated[int, ">= 1"] = 4096              # longest sequence the engine serves (>= rollout.max_context)
-    enforce_eager: bool = True                                # CUDA graphs cost start-up time and memory for little gain here
-    sleep: bool = True                                        # train.mode sync: free the engine's GPU memory while the trainer steps;
-    #                                                           false when both fit, to skip the reload each step (no effect on CPU)
+    cpu_kvcache_gb: Annotated[float, "> 0"] = 1.0             # the KV cache on CPU; VLLM_CPU_KVCACHE_SPACE
+    #                                                           (whole GiB), when set, overrides it
+    max_model_len: Annotated[int, ">= 1"] = 4096              # the longest sequence (>= rollout.max_context)
+    enforce_eager: bool = True                                # CUDA graphs cost start-up, memory; little gain
+    sleep: bool = True                                        # train.mode sync: free the engine's GPU memory
+    #                                                           while the trainer steps; false when both fit,
+    #                                                           to skip each step's reload (no effect on CPU)
     extra: dict = field(default_factory=dict)                 # passed to the engine constructor as is
 
 
 @dataclass
 class DataConfig:
-    train_tasks: str = "generated"                       # "generated" (drawn from generated_family) or a task dir / list file
+    train_tasks: str = "generated"                       # "generated" (drawn from generated_family)
+    #                                                      or a task dir / list file
     eval_tasks: str = "generated"                        # same, drawn with eval_split / eval_seed
     num_generated_train: Annotated[int, ">= 1"] = 64     # train tasks drawn from the generated family
-    num_generated_eval: Annotated[int, ">= 0"] = 32      # eval tasks drawn (those repeating a train instruction and oracle are dropped)
-    generated_seed: int = 0                              # which generated train tasks (another seed, another draw)
-    eval_split: str = "heldout"                          # generated eval tasks: "heldout" = unseen names and words;
-    #                                                      "train" = the train vocabulary in new combinations (eval_seed)
+    num_generated_eval: Annotated[int, ">= 0"] = 32      # eval tasks drawn (those repeating a train
+    #                                                      instruction and oracle are dropped)
+    generated_seed: int = 0                              # the train tasks' draw (another seed, other tasks)
+    eval_split: str = "heldout"                          # generated eval: "heldout" = unseen names and words;
+    #                                                      "train" = the train words recombined (eval_seed)
     eval_seed: int = 0
-    generated_family: str = "easy"                       # the generated tasks: easy (one command each, the tiny demo's) |
-    #                                                      multistep (the value the last command needs is seen only in an earlier output)
-    generated_kinds: list = field(default_factory=list)  # kinds of that family to generate (train and eval); [] = all
-    strict_tasks: bool = False                           # a malformed task in train_tasks / eval_tasks is an error, not skipped
+    generated_family: str = "easy"                       # easy (one command each; the tiny demo) | multistep
+    #                                                      (the last command needs a value only seen earlier)
+    generated_kinds: list = field(default_factory=list)  # kinds of that family to use (train, eval); [] = all
+    strict_tasks: bool = False                           # a malformed task is an error, not skipped
 
 
 @dataclass
@@ -78,65 +82,72 @@ class EnvConfig:
     # the three networks of README "Running official Terminal-Bench tasks": default = the daemon's
     # network where it has one; none; or a docker network name
     build_network: str = "default"                      # image builds (Dockerfiles apt-get / pip install)
-    agent_network: str = "none"                         # the agent's container, for tasks that allow_internet; none = always offline
-    #                                                     (tests/test_real_tasks.py::test_build_and_grading_reach_the_registry_the_agent_does_not)
-    grading_network: str = "default"                    # joined once the agent's processes are gone, by tasks whose tests fetch their runner
-    multi_reward: str = "mean"                          # Harbor reward.json with several keys and no "reward": mean | min | error
-    warm: Annotated[int, ">= 0"] = 0                    # containers kept started ahead per container config: a reset then skips
-    #                                                     the container start (bench/bench_env.py: cold vs warm reset)
-    hosts: list = field(default_factory=list)           # Docker hosts for the sandboxes, "URL[,capacity=N][,labels=a:b][,tls=DIR]"
-    #                                                     each (README "Sandboxes on several Docker hosts"); [] = DOCKER_HOST's daemon alone
-    hosts_down_wait_s: Annotated[float, "> 0"] = 120.0  # every host silent this long: the run stops (one down host never stops it:
-    #                                                     tests/test_hosts.py::test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other)
+    # offline: tests/test_real_tasks.py::test_build_and_grading_reach_the_registry_the_agent_does_not
+    agent_network: str = "none"                         # agent of allow_internet tasks; none = always offline
+    grading_network: str = "default"                    # after the agent is gone, for tests fetching a runner
+    multi_reward: str = "mean"                          # Harbor reward.json with several keys and no
+    #                                                     "reward": mean | min | error
+    warm: Annotated[int, ">= 0"] = 0                    # containers kept started ahead per container config,
+    #                                                     so a reset skips the start (see bench/bench_env.py)
+    hosts: list = field(default_factory=list)           # sandbox Docker hosts ([] = DOCKER_HOST's daemon):
+    #                                                     "URL[,capacity=N][,labels=a:b][,tls=DIR]" each
+    #                                                     (README "Sandboxes on several Docker hosts")
+    # tests/test_hosts.py::test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other
+    hosts_down_wait_s: Annotated[float, "> 0"] = 120.0  # every host silent this long: the run stops
+    #                                                     (one down host never stops it: the test above)
 
 
 @dataclass
 class SFTConfig:
-    steps: Annotated[int, ">= 0"] = 0                   # optimizer steps of SFT warm start on oracle trajectories; 0 = none
+    steps: Annotated[int, ">= 0"] = 0                   # SFT optimizer steps on oracle trajectories; 0 = none
     num_tasks: Annotated[int, ">= 1"] = 64              # oracle trajectories collected from the train tasks
     batch_size: Annotated[int, ">= 1"] = 16             # trajectories per optimizer step
-    lr: Annotated[float, "> 0"] = 1e-3                  # SFT's AdamW peak lr (cosine decay to 10% over sft.steps)
+    lr: Annotated[float, "> 0"] = 1e-3                  # AdamW peak lr (cosine decay to 10% over sft.steps)
     warmup_steps: Annotated[int, ">= 0"] = 5            # linear warmup steps before that peak
-    val_tasks: Annotated[int, ">= 0"] = 0               # oracle trajectories of train tasks SFT never sees (the last ones)
-    val_every: Annotated[int, ">= 1"] = 10              # ... scored every this many steps: val_nll and val_oracle_prob
-    stop_at_val_prob: Annotated[float, "[0, 1)"] = 0.0  # end SFT early once val_oracle_prob (the chance the policy samples a
-    #                                                     val oracle trajectory exactly) reaches this; 0 = all sft.steps
-    keep_moments: bool = True                           # RL's AdamW starts from SFT's moments (its own lr and schedule):
-    #                                                     a fresh Adam's first steps move every weight by ~lr (sign-like)
-    checkpoint_every: Annotated[int, ">= 0"] = 10       # an SFT checkpoint every this many steps,
-    #                                                     so a killed SFT resumes there; 0 = none before it ends
+    val_tasks: Annotated[int, ">= 0"] = 0               # held-out oracle trajectories (the last train tasks)
+    val_every: Annotated[int, ">= 1"] = 10              # ... scored this often: val_nll and val_oracle_prob
+    stop_at_val_prob: Annotated[float, "[0, 1)"] = 0.0  # end SFT early once val_oracle_prob (the chance the
+    #                                                     policy samples a val oracle trajectory exactly)
+    #                                                     reaches this; 0 = all sft.steps
+    keep_moments: bool = True                           # RL's AdamW takes SFT's moments (own lr, schedule):
+    #                                                     a fresh Adam first moves each weight ~lr (sign-like)
+    checkpoint_every: Annotated[int, ">= 0"] = 10       # an SFT checkpoint every this many steps, so a
+    #                                                     killed SFT resumes there; 0 = only at its end
 
 
 @dataclass
 class TrainConfig:
     steps: Annotated[int, ">= 0"] = 20                       # RL steps (one rollout batch + one update each)
     tasks_per_step: Annotated[int, ">= 1"] = 4               # distinct tasks per step ...
-    group_size: Annotated[int, ">= 1"] = 4                   # ... each rolled out this many times (the GRPO group)
+    group_size: Annotated[int, ">= 1"] = 4                   # ... each rolled out this often (the GRPO group)
     lr: Annotated[float, "> 0"] = 1e-5                       # RL's AdamW lr
     lr_schedule: str = "constant"                            # constant | cosine (after linear warmup)
     warmup_steps: Annotated[int, ">= 0"] = 0                 # linear warmup steps before train.lr
     weight_decay: Annotated[float, ">= 0"] = 0.0             # AdamW's decoupled weight decay (SFT and RL)
-    adam_betas: Annotated[list[float], "[0, 1)"] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2), SFT and RL
+    # AdamW (beta1, beta2), SFT and RL
+    adam_betas: Annotated[list[float], "[0, 1)"] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: Annotated[float, ">= 0"] = 1.0                # max global gradient norm; 0 = no clipping
-    micro_batch_tokens: Annotated[int, ">= 1"] = 8192        # padded tokens per forward/backward (micro-batches by budget)
-    updates_per_step: Annotated[int, ">= 1"] = 1             # optimizer steps per rollout batch (>1: each step after the
-                                                             # first measures its ratios against π_old, as PPO epochs)
-    mode: str = "sync"                                       # sync (on-policy) | async (rollouts overlap training)
-    max_staleness: Annotated[int, ">= 0"] = 1                # async: drop trajectories > this many versions old
+    micro_batch_tokens: Annotated[int, ">= 1"] = 8192        # padded tokens per forward/backward micro-batch
+    updates_per_step: Annotated[int, ">= 1"] = 1             # optimizer steps per rollout batch (a later one
+    #                                                          measures its ratios against π_old: PPO epochs)
+    mode: str = "sync"                                       # sync (on-policy) | async (overlaps training)
+    max_staleness: Annotated[int, ">= 0"] = 1                # async: drop rollouts > this many versions old
     parallel: str = "ddp"                                    # under torchrun: ddp | fsdp
-    collective_timeout_min: Annotated[float, "> 0"] = 180.0  # under torchrun: how long a rank waits in a collective before the run
-    #                                                          stops; it must cover one rank's rollouts finishing after another's and
-    #                                                          a checkpoint's writes (torch's own default: 10 min NCCL, 30 gloo)
-    filter_window: Annotated[int, ">= 0"] = 0                # online difficulty filtering (difficulty.py): a task whose latest this
-    #                                                          many episodes were all solved or all failed sits out a while, so rollouts
-    #                                                          go to the groups that carry signal (DAPO, prime-rl); 0 = off
-    filter_sit_out: Annotated[int, ">= 1"] = 4               # ... the RL steps such a task is not drawn, after which it is tried again
-    sync_check: bool = True                                  # after each sync, compare engine and trainer log-probs
-    log_entropy: bool = True                                 # entropy metric (a softmax over the vocab per token)
+    collective_timeout_min: Annotated[float, "> 0"] = 180.0  # under torchrun: a rank's wait in a collective
+    #                                                          before the run stops; it must cover one rank's
+    #                                                          rollouts ending after another's, checkpoint
+    #                                                          writes (torch's default: 10 min NCCL, 30 gloo)
+    filter_window: Annotated[int, ">= 0"] = 0                # online difficulty filtering (difficulty.py): a
+    #                                                          task whose latest this many episodes were all
+    #                                                          solved or all failed sits out, so rollouts go
+    #                                                          to groups with signal (DAPO, prime-rl); 0 = off
+    filter_sit_out: Annotated[int, ">= 1"] = 4               # ... RL steps it sits out, then is tried again
+    sync_check: bool = True                                  # per sync: compare engine and trainer log-probs
+    log_entropy: bool = True                                 # entropy metric (a vocab softmax per token)
     head_block_logits: Annotated[int, ">= 0"] = 0            # logits per output-head block (caps its memory);
-    #                                                          0 = from the device: 1/16 of free GPU memory, CPU 2^24
-    pack_rows: bool = False                                  # a micro-batch's rows as one sequence: no padding through
-    #                                                          attention (flash-attention varlen where installed)
+    #                                                          0 = by device: 1/16 free GPU memory, CPU 2^24
+    pack_rows: bool = False                                  # a micro-batch's rows as one unpadded sequence
+    #                                                          (flash-attention varlen where installed)
 
 
 @dataclass
@@ -144,10 +155,10 @@ class EvalConfig:
     every: Annotated[int, ">= 0"] = 5            # RL steps between evals (0 = only at start and end)
     num_tasks: Annotated[int, ">= 0"] = 32       # held-out tasks per eval (<= data.num_generated_eval)
     temperature: Annotated[float, ">= 0"] = 0.0  # 0 = greedy: a stable success figure
-    samples: Annotated[int, ">= 1"] = 1          # episodes per task (with temperature > 0: pass@1 over k samples)
-    samples_mid: Annotated[int, ">= 0"] = 0      # episodes per task at the evals between the first and the last
-    #                                              (0 = samples): a cheaper curve; the gain is read at full resolution
-    at_start: bool = True                        # eval before the first RL step: the baseline every gain is measured from
+    samples: Annotated[int, ">= 1"] = 1          # episodes per task (temperature > 0: pass@1 over k samples)
+    samples_mid: Annotated[int, ">= 0"] = 0      # episodes per task at evals between the first and last
+    #                                              (0 = samples): a cheaper curve, the gain at full resolution
+    at_start: bool = True                        # eval before the first RL step: the baseline of every gain
 
 
 @dataclass
@@ -161,7 +172,7 @@ class CheckpointConfig:
 class Config:
     run_name: str = "run"                        # names runs/<run_name> (and the curves)
     out_dir: str = ""                            # default runs/<run_name>
-    seed: int = 0                                # torch, Python, data order, tiny model init, episodes and the engine
+    seed: int = 0                                # torch, Python, data order, tiny init, episodes, the engine
     device: str = "auto"                         # auto | cpu | cuda
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -174,7 +185,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tensorboard: bool = True                     # when tensorboard is installed
-    verbose: bool = False                        # third-party INFO/WARNING logs (vLLM's start-up, every weight reload):
+    verbose: bool = False                        # third-party INFO/WARNING logs (vLLM's start-up, reloads):
     #                                              on to debug an engine; errors show either way
     plot: bool = True                            # PNG of curves at the end, when matplotlib is installed
 
@@ -263,7 +274,8 @@ def _allows(spec: str, x: float) -> bool:
     if m := re.fullmatch(r"(>=|>)\s*(\S+)", spec):
         return x >= float(m[2]) if m[1] == ">=" else x > float(m[2])
     lo_b, lo, hi, hi_b = re.fullmatch(r"([\[(])\s*(\S+),\s*(\S+)\s*([\])])", spec).groups()
-    return (x >= float(lo) if lo_b == "[" else x > float(lo)) and (x <= float(hi) if hi_b == "]" else x < float(hi))
+    return ((x >= float(lo) if lo_b == "[" else x > float(lo))
+            and (x <= float(hi) if hi_b == "]" else x < float(hi)))
 
 
 def check_range(key: str, value, spec: str):
@@ -356,12 +368,13 @@ def read_config_file(path: Path, chain: tuple = ()) -> dict:
     base_path = (path.parent / base).resolve()
     if base_path in chain:
         raise ConfigError(f"{path}: base: {base} makes a cycle: "
-                          + " -> ".join(p.name for p in chain + (base_path,)) + "; remove one of these base: keys")
+                          + " -> ".join(p.name for p in chain + (base_path,))
+                          + "; remove one of these base: keys")
     return deep_merge(read_config_file(base_path, chain), raw)
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """YAML file + `--set` overrides -> Config; the rollout/algo sections are checked against their dataclasses."""
+    """YAML file + `--set` overrides -> Config; rollout/algo sections checked against their dataclasses."""
     raw = read_config_file(Path(path)) if path else {}
     raw = deep_merge(raw, parse_overrides(list(overrides)))
     cfg = dataclass_from_dict(Config, raw)
@@ -374,7 +387,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("data.eval_split", cfg.data.eval_split, ("train", "heldout")),
                                ("data.generated_family", cfg.data.generated_family, tuple(FAMILIES)),
                                ("device", cfg.device, ("auto", "cpu", "cuda")),
-                               ("model.dtype", cfg.model.dtype, ("auto", "fast", "float32", "bfloat16", "float16")),
+                               ("model.dtype", cfg.model.dtype,
+                                ("auto", "fast", "float32", "bfloat16", "float16")),
                                ("env.multi_reward", cfg.env.multi_reward, ("mean", "min", "error"))]:
         if val not in allowed:
             raise ConfigError(f"config key '{name}' is {val!r}; choose one of {', '.join(allowed)}")
@@ -382,7 +396,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         kinds = FAMILIES[cfg.data.generated_family][1]
         if bad := [k for k in cfg.data.generated_kinds if k not in kinds]:
             raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad} of the "
-                              f"{cfg.data.generated_family} family (data.generated_family); choose from {kinds}")
+                              f"{cfg.data.generated_family} family (data.generated_family); "
+                              f"choose from {kinds}")
     if cfg.sft.stop_at_val_prob and cfg.sft.val_tasks < 1:
         raise ConfigError("sft.stop_at_val_prob needs validation trajectories: set sft.val_tasks >= 1")
     if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", cfg.run_name):  # it names a folder under runs/
