@@ -212,23 +212,14 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan(cfg, world: int, per_node: int, card: int, host_ram: int | None, max_context: int, kl: bool) -> Plan:
-    """The per-GPU phases and the per-host peaks of `cfg` (config.Config) on `world` ranks,
-    `per_node` a host, cards of `card` bytes; `problems` says what does not fit and which key to
-    change. max_context: rollout.max_context; kl: algo.kl_coef is set (a frozen reference copy)."""
-    m, t, e = cfg.model, cfg.train, cfg.engine
-    shape, source = load_shape(m.path)
-    c = DTYPE_BYTES["bfloat16" if m.dtype == "auto" else m.dtype]
+def trainer_items(shape: Shape, m, c: int, world: int, fsdp: bool, kl: bool) -> tuple[list, list, list]:
+    """The trainer's tensors on each GPU, [(what, bytes)] each: resident (weights, AdamW moments, the
+    KL reference), gradients, and the compute copies of the weights the forward holds (FSDP2's
+    gathered layers, autocast's casts). m: cfg.model; c: the compute dtype's bytes; fsdp: the
+    weights are sharded over the `world` ranks."""
     N = param_count(shape)
-    fsdp = world > 1 and t.parallel == "fsdp" and not m.lora
     share = world if fsdp else 1
     tag = f"1/{world}" if fsdp else "whole"
-    # a row longer than the token budget gets a micro-batch of its own (learner.pack_by_tokens)
-    tokens = max(t.micro_batch_tokens, max_context)
-    eng = engine_bytes(shape, card, e.gpu_memory_utilization, c, e.max_model_len)
-    engine_item = (f"engine, {e.gpu_memory_utilization} of the card: KV {eng['kv_tokens']:,} tokens "
-                   f"({eng['sequences']:.1f} x max_model_len)", eng["total"])
-
     if m.lora:
         A = lora_params(shape, m.lora_rank, m.lora_target_modules)
         resident = [(f"base weights ({c}-byte compute dtype, frozen)", N * c),
@@ -247,6 +238,24 @@ def plan(cfg, world: int, per_node: int, card: int, host_ram: int | None, max_co
             copies = []
     if kl:
         resident.append(("KL reference model (compute dtype, not sharded)", N * c))
+    return resident, grads, copies
+
+
+def plan(cfg, world: int, per_node: int, card: int, host_ram: int | None, max_context: int, kl: bool) -> Plan:
+    """The per-GPU phases and the per-host peaks of `cfg` (config.Config) on `world` ranks,
+    `per_node` a host, cards of `card` bytes; `problems` says what does not fit and which key to
+    change. max_context: rollout.max_context; kl: algo.kl_coef is set (a frozen reference copy)."""
+    m, t, e = cfg.model, cfg.train, cfg.engine
+    shape, source = load_shape(m.path)
+    c = DTYPE_BYTES["bfloat16" if m.dtype == "auto" else m.dtype]
+    N = param_count(shape)
+    fsdp = world > 1 and t.parallel == "fsdp" and not m.lora
+    # a row longer than the token budget gets a micro-batch of its own (learner.pack_by_tokens)
+    tokens = max(t.micro_batch_tokens, max_context)
+    eng = engine_bytes(shape, card, e.gpu_memory_utilization, c, e.max_model_len)
+    engine_item = (f"engine, {e.gpu_memory_utilization} of the card: KV {eng['kv_tokens']:,} tokens "
+                   f"({eng['sequences']:.1f} x max_model_len)", eng["total"])
+    resident, grads, copies = trainer_items(shape, m, c, world, fsdp, kl)
     allowance = [("CUDA context, NCCL buffers, fragmentation (allowance)", ALLOWANCE)]
     engine_awake_in_train = t.mode == "async" or not e.sleep
     before = resident + grads + copies + allowance + ([engine_item] if engine_awake_in_train else [])
