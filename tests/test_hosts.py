@@ -5,6 +5,7 @@ The second host is a second dockerd on this machine (scripts/second_dockerd.py),
 by the module fixture; the primary daemon (/var/run/docker.sock) is never stopped.
 """
 import dataclasses
+import json
 import logging
 import re
 import shutil
@@ -303,3 +304,39 @@ def test_a_daemon_restarted_under_live_episodes_reruns_them(second, easy_tasks, 
             [(t.finish_reason, t.error) for t in trajs]
         assert host.failed >= 1 and any(e[2].startswith("drained") for e in env._hosts.events)
     assert not own(host.client, env._token)
+
+
+def test_a_train_run_rides_out_a_stalled_daemon(second, tiny_model_dir, tmp_path):
+    """`python train.py --config configs/tiny.yaml` with a second daemon as its only host, stopped
+    (SIGSTOP) mid-run for less than env.hosts_down_wait_s: the run finishes every step without
+    --resume, and its records stay valid JSON."""
+    steps, out = 5, tmp_path / "run"
+    argv = [sys.executable, "train.py", "--config", "configs/tiny.yaml", "--set", f"out_dir={out}",
+            "--set", f"model.path={tiny_model_dir}", "--set", "model.build_tiny=false",
+            "--set", f"env.hosts=['{seeded(second)},name=stalled']", "--set", "env.hosts_down_wait_s=30",
+            "--set", "sft.steps=0", "--set", "sft.val_tasks=0", "--set", "sft.stop_at_val_prob=0",
+            "--set", "sft.num_tasks=1", "--set", f"train.steps={steps}", "--set", "train.tasks_per_step=3",
+            "--set", "train.group_size=2", "--set", "train.updates_per_step=1", "--set", "eval.num_tasks=0",
+            "--set", "eval.at_start=false", "--set", "rollout.num_workers=6", "--set", "checkpoint.every=100"]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        end = time.monotonic() + 300
+        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().count("\n"):
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        second.proc.send_signal(signal.SIGSTOP)  # mid-run: step 1 logged, step 2's episodes under way
+        try:
+            time.sleep(15)
+            assert proc.poll() is None, "the run ended during the stall"
+        finally:
+            second.proc.send_signal(signal.SIGCONT)
+        log, _ = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log[-3000:]
+    assert "docker host stalled stopped answering" in log and "--resume" not in log, log[-3000:]
+    metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if m.get("phase") == "rl"] == list(range(1, steps + 1)), metrics
+    trajs = [json.loads(ln) for ln in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert len(trajs) >= steps * 6, len(trajs)
