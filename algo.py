@@ -53,7 +53,8 @@ LEVELS = ("chunk", "token")
 PER_ROW = ("num_chunks", "reward", "valid", "group_id", "policy_version")  # the Batch fields of shape [B]
 MAX_LOG_RATIO = 20.0  # clamp a log-ratio right before exp() so it never overflows into inf·0 = NaN
 #                       gradients; never before a chunk's or sequence's mean (tests/test_algo.py::
-#                       test_one_extreme_token_masks_its_chunk, ::test_chunk_ratio_is_the_unclamped_geometric_mean)
+#                       test_one_extreme_token_masks_its_chunk,
+#                       ::test_chunk_ratio_is_the_unclamped_geometric_mean)
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,7 +127,8 @@ class Batch:
         per_token += [n for n in ("old_logprobs", "ref_logprobs", "unparsed") if getattr(self, n) is not None]
         for name, want in [(n, (B, T)) for n in per_token] + [(n, (B,)) for n in PER_ROW]:
             if (shape := tuple(getattr(self, name).shape)) != want:
-                raise ValueError(f"Batch.{name} has shape {shape}, expected {want} (B = {B}, T = {T}, as input_ids)")
+                raise ValueError(f"Batch.{name} has shape {shape}, expected {want} "
+                                 f"(B = {B}, T = {T}, as input_ids)")
         if len(self.finish_reason) != B:
             raise ValueError(f"Batch.finish_reason has {len(self.finish_reason)} entries, expected B = {B}")
         if self.valid.dtype != torch.bool:
@@ -202,7 +204,7 @@ class AlgoConfig:
                                    # advantage (a success after it would reinforce it)
     max_negative_tokens: int | None = None  # mask negative trajectories longer than this
     #                                         (attention_mask tokens); paper fixed a collapse at ~20k
-    level: str = "chunk"           # Eq. 7's credit and Eq. 8's ratio per "chunk" (a turn, IPA) | per "token" (at_level)
+    level: str = "chunk"           # Eq. 7's credit, Eq. 8's ratio: "chunk" (a turn, IPA) | "token" (at_level)
     drop_zero_advantage: bool = False  # drop rows with advantage 0 on every sampled token and no
     #                                    imitation tokens (R in {0,1}, no baseline: the failures), so the
     #                                    mean runs over the successes alone (RAFT / rejection-sampling FT)
@@ -224,15 +226,17 @@ class AlgoConfig:
         if self.baseline == "none" and self.std_normalize:
             raise ValueError("algo.std_normalize needs a baseline to normalise around; "
                              "set baseline to grpo, rloo or batch, or std_normalize to false")
-        if not (0 <= self.clip_low < 1 and 0 <= self.seq_clip_low < 1 and min(self.clip_high, self.seq_clip_high) >= 0):
+        if not (0 <= self.clip_low < 1 and 0 <= self.seq_clip_low < 1
+                and min(self.clip_high, self.seq_clip_high) >= 0):
             raise ValueError("algo.clip_low / seq_clip_low must be in [0, 1), clip_high / seq_clip_high ≥ 0")
         if not 0.0 <= self.max_filtered_share <= 1.0:
             raise ValueError(f"algo.max_filtered_share = {self.max_filtered_share}; use a value in [0, 1]")
         if self.norm_length is not None and self.norm_length < 1:
             raise ValueError(f"algo.norm_length = {self.norm_length}; use a positive token count or null")
         if self.agg == "seq_sum_norm" and self.norm_length is None:
-            raise ValueError("algo.agg = 'seq_sum_norm' (Dr.GRPO) divides by a constant: set algo.norm_length, "
-                             "e.g. to rollout.max_context (a batch's padded length would change with its rows)")
+            raise ValueError("algo.agg = 'seq_sum_norm' (Dr.GRPO) divides by a constant: "
+                             "set algo.norm_length, e.g. to rollout.max_context "
+                             "(a batch's padded length would change with its rows)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,7 +297,8 @@ def chunk_discount(chunk_ids, num_chunks, gamma, dtype=torch.float32):
     exponents): exact in float64 (tests/test_algo.py::test_chunk_returns_are_exact_in_the_rewards_float64)."""
     steps = (num_chunks[:, None] - 1 - chunk_ids).clamp(min=0)
     n = int(steps.max()) + 1 if steps.numel() else 1
-    powers = torch.tensor([gamma ** d for d in range(n)], dtype=torch.float64).to(dtype=dtype, device=steps.device)
+    powers = torch.tensor([gamma ** d for d in range(n)],
+                          dtype=torch.float64).to(dtype=dtype, device=steps.device)
     return torch.where(chunk_ids >= 0, powers[steps], torch.zeros((), dtype=dtype, device=steps.device))
 
 
@@ -356,7 +361,7 @@ def zero_variance_filter(r, valid, group_id, max_share):
     budget = math.floor(max_share * n_groups + 1e-9)
     dropped = torch.zeros_like(zero_var)
     dropped[torch.nonzero(zero_var).flatten()[:budget]] = True
-    share = (lambda k: k / n_groups if n_groups else 0.0)
+    share = (lambda k: k / n_groups if n_groups else 0.0)  # noqa: E731
     return ~dropped[inv], share(int(zero_var.sum())), share(int(dropped.sum()))
 
 
@@ -392,7 +397,8 @@ def rows_that_train(batch: Batch, advantages, keep, cfg: AlgoConfig):
         imitation = batch.imitation_mask.float() * (cfg.imitation_coef != 0)
         moves = rows_with_signal(advantages, sampled, imitation)
         return [i for i in rows if moves[i]], [i for i in rows if not moves[i]], None
-    old = batch.old_logprobs if batch.old_logprobs is not None else batch.infer_logprobs  # unused by the masks then
+    old = (batch.old_logprobs if batch.old_logprobs is not None
+           else batch.infer_logprobs)  # unused by the masks then
     rl, il, _, _ = train_masks(batch, advantages, cfg, old, keep)
     moves = rows_with_signal(advantages, rl, il)
     return [i for i in rows if moves[i]], [], rl + il
@@ -529,7 +535,8 @@ def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
 def gspo_loss(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
     """GSPO-token: s_i = exp(mean_{t∈i} log π_θ/π_old) (sequence geometric-mean ratio) carried by
     every token as s_i,t = sg[s_i]·π_θ(t)/sg[π_θ(t)], clipped at sequence level; equals GSPO when
-    a row's advantages are equal, and allows per-chunk G_k; the mean is over all of `mask`. Returns as ppo_clip_loss."""
+    a row's advantages are equal, and allows per-chunk G_k; the mean is over all of `mask`. Returns as
+    ppo_clip_loss."""
     log_ratio = _log_ratio(logprobs, old_logprobs, mask)
     seq = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)).detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(seq[:, None] + logprobs - logprobs.detach())
@@ -613,7 +620,8 @@ def as_floats(metrics: dict) -> dict:
     out = {k: float(v) for k, v in metrics.items() if not torch.is_tensor(v)}
     if tensors:
         dev = next(iter(tensors.values())).device
-        out.update(zip(tensors, torch.stack([v.detach().to(dev, torch.float64) for v in tensors.values()]).tolist()))
+        out.update(zip(tensors, torch.stack([v.detach().to(dev, torch.float64)
+                                             for v in tensors.values()]).tolist()))
     return {k: out[k] for k in metrics}
 
 
@@ -654,7 +662,8 @@ def policy_loss(logprobs, batch: Batch, advantages, cfg: AlgoConfig, entropy=Non
     for name, t in [("logprobs", logprobs), ("advantages", advantages), ("entropy", entropy),
                     ("ref_logprobs", ref_logprobs)]:
         if t is not None and tuple(t.shape) != tuple(batch.input_ids.shape):
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [B,T] = {tuple(batch.input_ids.shape)}")
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, "
+                             f"expected [B,T] = {tuple(batch.input_ids.shape)}")
     ref_logprobs = batch.ref_logprobs if ref_logprobs is None else ref_logprobs
     if cfg.kl_coef and ref_logprobs is None:
         raise ValueError("algo.kl_coef > 0 needs ref_logprobs (the reference policy's token log-probs), "

@@ -51,20 +51,22 @@ def check_model_path(cfg):
     if (p / "config.json").exists():
         return
     if cfg.model.fetch:  # a folder a script makes: that script, not a hub download, is what to run
-        state = f"{p} is not a model directory (no config.json)" if p.exists() else f"{p.resolve()} does not exist"
+        state = (f"{p} is not a model directory (no config.json)" if p.exists()
+                 else f"{p.resolve()} does not exist")
         raise SystemExit(f"model.path {path!r}: {state}. This config's model is made by `{cfg.model.fetch}` "
                          f"(model.fetch): run that, then this command again.")
     hint = ("Point model.path at a local Hugging Face model directory, or a hub id (org/name), or set "
             "model.build_tiny: true to build the tiny CPU model there.")
     if p.exists() or path.count("/") != 1 or path.startswith((".", "/", "~")):
-        raise SystemExit(f"model.path {path!r}: " + (f"{p} is not a model directory (no config.json). " if p.exists()
-                         else f"{p.resolve()} does not exist. ") + hint)
+        raise SystemExit(f"model.path {path!r}: "
+                         + (f"{p} is not a model directory (no config.json). " if p.exists()
+                            else f"{p.resolve()} does not exist. ") + hint)
     problem = _hub_model_problem(path)
     if problem:
-        raise SystemExit(f"model.path {path!r} is not a local directory ({p.resolve()} does not exist), and as a "
-                         f"Hugging Face hub id: {problem}. Point model.path at a local model directory; or, on a "
-                         f"machine with network, `huggingface-cli download {path}` and copy its cache here, then "
-                         f"set HF_HUB_OFFLINE=1 so nothing is looked up online.")
+        raise SystemExit(f"model.path {path!r} is not a local directory ({p.resolve()} does not exist), "
+                         f"and as a Hugging Face hub id: {problem}. Point model.path at a local model "
+                         f"directory; or, on a machine with network, `huggingface-cli download {path}` and "
+                         f"copy its cache here, then set HF_HUB_OFFLINE=1 so nothing is looked up online.")
 
 
 def _hub_model_problem(repo_id: str) -> str | None:
@@ -77,7 +79,8 @@ def _hub_model_problem(repo_id: str) -> str | None:
     try:
         HfApi().model_info(repo_id, timeout=10)  # one short try: no network means seconds, not a minute
     except Exception as e:  # noqa: BLE001 -- connection, DNS, 401/404: all mean "cannot get it"
-        return f"not in the cache ({constants.HF_HUB_CACHE}) and the hub did not answer for it ({type(e).__name__}: {e})"
+        return (f"not in the cache ({constants.HF_HUB_CACHE}) and the hub did not answer for it "
+                f"({type(e).__name__}: {e})")
     return None
 
 
@@ -107,13 +110,15 @@ def cpu_bf16_note(cfg, device: str) -> str | None:
     """What to say when a CPU run computes in bf16 on a CPU without bf16 units (only model.dtype
     bfloat16 does: fast picks fp32 there)."""
     flags = _cpu_flags()  # none readable (not Linux): nothing known to say
-    if device != "cpu" or compute_dtype(cfg, device) != torch.bfloat16 or not flags or cpu_has_bf16_units(flags):
+    if (device != "cpu" or compute_dtype(cfg, device) != torch.bfloat16 or not flags
+            or cpu_has_bf16_units(flags)):
         return None
     return ("note: model.dtype is bfloat16 but this CPU has no AVX512-BF16 or AMX: bf16 is emulated here, "
             "many times slower than fp32; use --set model.dtype=fast (bf16 only where the CPU has the units)")
 
 
-def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = False, random_weights: bool = False):
+def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = False,
+               random_weights: bool = False):
     """AutoModelForCausalLM (+ LoRA via peft); from the checkpoint's model/ when resuming; with
     `random_weights`, built on the device from model.path's config.json alone (a benchmark's model
     of a shipped shape: configs/models/, no download).
@@ -139,12 +144,13 @@ def load_model(cfg, device: str, resume: Path | None = None, frozen: bool = Fals
                                                      dtype=dtype if m.lora or frozen else torch.float32)
     elif from_rank0 and dist.get_rank() != 0:
         from transformers import AutoConfig
-        with torch.random.fork_rng(devices=[]), torch.device(device):  # its random init is overwritten: no draw counts
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path), dtype=torch.float32,
-                                                     **attn)
+        # its random init is overwritten: no draw counts
+        with torch.random.fork_rng(devices=[]), torch.device(device):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path),
+                                                     dtype=torch.float32, **attn)
     else:
-        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype if m.lora or frozen else torch.float32,
-                                                     **attn)
+        model = AutoModelForCausalLM.from_pretrained(
+            base_path, dtype=dtype if m.lora or frozen else torch.float32, **attn)
     if m.lora:
         from peft import LoraConfig, PeftModel, get_peft_model  # optional: LoRA runs only
         if resume:
@@ -231,7 +237,8 @@ def select_rows(batch, rows: list[int], extra: dict | None = None):
             v = [v[i] for i in rows]
         fields[f.name] = v
     sliced = {k: v[idx.to(v.device)] for k, v in (extra or {}).items()}
-    return dataclasses.replace(batch, **fields), {k: v[:, :T] if v.dim() == 2 else v for k, v in sliced.items()}
+    return dataclasses.replace(batch, **fields), {k: v[:, :T] if v.dim() == 2 else v
+                                                  for k, v in sliced.items()}
 
 
 def device_micro_batches(batch, groups: list[list[int]], lengths: list[int], dev, extra: dict | None = None):
@@ -250,7 +257,8 @@ def device_micro_batches(batch, groups: list[list[int]], lengths: list[int], dev
             v = getattr(whole, f.name)
             fields[f.name] = (v[a:b, :T] if v.dim() == 2 else v[a:b]) if torch.is_tensor(v) else \
                 (v[a:b] if isinstance(v, list) else v)
-        yield dataclasses.replace(whole, **fields), {k: v[a:b, :T] if v.dim() == 2 else v[a:b] for k, v in ex.items()}
+        yield dataclasses.replace(whole, **fields), {k: v[a:b, :T] if v.dim() == 2 else v[a:b]
+                                                     for k, v in ex.items()}
 
 
 def head_block(dev, setting: int) -> int:
@@ -425,8 +433,8 @@ def load_reference(cfg, device: str):
     the same model with its adapter disabled (fill_ref_logprobs), at no memory cost."""
     if cfg.model.lora:
         return None
-    ref = load_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)),
-                     device, frozen=True)
+    ref = load_model(dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False)), device, frozen=True)
     return ref.eval().requires_grad_(False)
 
 

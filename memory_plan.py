@@ -26,8 +26,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CPU_BLOCK_LOGITS = 2 ** 24       # a laptop's block: 256 MiB of fp32 logits
 MAX_BLOCK_LOGITS = 2 ** 27       # ~900 positions of a 152k vocabulary: long kernels; more only costs memory
 MIN_BLOCK_LOGITS = 2 ** 16
-HEAD_BYTES_PER_LOGIT = 24        # a block alive at once: its bf16 logits, fp32 copy, masked copy, exp(z − lse),
-#                                  two fp32 gradients, the support's bool masks (activation_items counts it)
+HEAD_BYTES_PER_LOGIT = 24        # a block alive at once: its bf16 logits, fp32 copy, masked copy,
+#                                  exp(z − lse), two fp32 gradients, the support's bool masks
+#                                  (activation_items counts it)
 FREE_SHARE = 16                  # a block takes at most 1/16 of the memory free at the step's start
 
 
@@ -73,7 +74,8 @@ def model_shape(c: dict) -> Shape:
     try:
         heads = c["num_attention_heads"]
         return Shape(vocab=c["vocab_size"], hidden=c["hidden_size"], layers=c["num_hidden_layers"],
-                     intermediate=c["intermediate_size"], heads=heads, kv_heads=c.get("num_key_value_heads", heads),
+                     intermediate=c["intermediate_size"], heads=heads,
+                     kv_heads=c.get("num_key_value_heads", heads),
                      head_dim=c.get("head_dim") or c["hidden_size"] // heads,
                      tied=bool(c.get("tie_word_embeddings", False)), qk_norm=c.get("model_type") == "qwen3",
                      attention_bias=bool(c.get("attention_bias", False)))
@@ -85,7 +87,8 @@ def model_shape(c: dict) -> Shape:
 def load_shape(model_path: str) -> tuple[Shape, Path]:
     """The Shape of model.path, from its config.json, else from the copy shipped in
     configs/models/<name>/ for a hub id (so the plan needs no download)."""
-    places = [Path(model_path).expanduser() / "config.json", ROOT / "configs" / "models" / Path(model_path).name / "config.json"]
+    places = [Path(model_path).expanduser() / "config.json",
+              ROOT / "configs" / "models" / Path(model_path).name / "config.json"]
     if model_path.count("/") == 1:  # a hub id already in the Hugging Face cache
         from huggingface_hub import try_to_load_from_cache
         cached = try_to_load_from_cache(model_path, "config.json")
@@ -183,7 +186,8 @@ def engine_bytes(s: Shape, card: int, utilisation: float, c: int, max_model_len:
     total = int(utilisation * card)
     weights = param_count(s) * c
     batch_tokens, seqs = (16384, 1024) if card >= 70 * GiB else (8192, 256)
-    act = batch_tokens * (s.hidden + 3 * s.intermediate) * c + seqs * s.vocab * 4 * 2  # MLP peak; fp32 logits, probs
+    # the MLP's peak; fp32 logits and probs
+    act = batch_tokens * (s.hidden + 3 * s.intermediate) * c + seqs * s.vocab * 4 * 2
     kv = total - weights - act
     per_token = 2 * s.layers * s.kv_dim * c  # K and V of every layer
     return {"total": total, "weights": weights, "activations": act, "kv": kv,
@@ -206,8 +210,9 @@ class Plan:
             lines.append(f"  per GPU, {name}: {total / GiB:.1f} GiB of {self.card / GiB:.0f}")
             lines += [f"    {what:<72s} {b / GiB:7.1f}" for what, b in items]
         peak = max(self.host, key=lambda x: x[1]) if self.host else ("nothing", 0)
-        lines.append(f"  per host, at most: {peak[1] / GiB:.1f} GiB" + (f" of {self.host_ram / GiB:.0f}" if self.host_ram else
-                                                                       " (the host's RAM is not checked: --host-gb)"))
+        lines.append(f"  per host, at most: {peak[1] / GiB:.1f} GiB"
+                     + (f" of {self.host_ram / GiB:.0f}" if self.host_ram
+                        else " (the host's RAM is not checked: --host-gb)"))
         lines += [f"    {what:<72s} {b / GiB:7.1f}" for what, b in self.host]
         return "\n".join(lines)
 
@@ -223,7 +228,8 @@ def trainer_items(shape: Shape, m, c: int, world: int, fsdp: bool, kl: bool) -> 
     if m.lora:
         A = lora_params(shape, m.lora_rank, m.lora_target_modules)
         resident = [(f"base weights ({c}-byte compute dtype, frozen)", N * c),
-                    (f"LoRA adapter, fp32 ({A / 1e6:.0f} M weights)", 4 * A), ("AdamW moments of the adapter", 8 * A)]
+                    (f"LoRA adapter, fp32 ({A / 1e6:.0f} M weights)", 4 * A),
+                    ("AdamW moments of the adapter", 8 * A)]
         grads, copies = [("adapter gradients, fp32", 4 * A)], []
     else:
         resident = [(f"trainer weights, fp32 master ({tag})", 4 * N // share),
@@ -231,7 +237,8 @@ def trainer_items(shape: Shape, m, c: int, world: int, fsdp: bool, kl: bool) -> 
         grads = [(f"gradients, fp32 ({tag})", 4 * N // share)]
         if fsdp:  # FSDP2 gathers a layer (and prefetches the next), and the root's embeddings and head
             root = shape.vocab * shape.hidden * (1 if shape.tied else 2)
-            copies = [("gathered compute copies: 2 layers + embeddings and head", (2 * layer_params(shape) + root) * c)]
+            copies = [("gathered compute copies: 2 layers + embeddings and head",
+                       (2 * layer_params(shape) + root) * c)]
         elif c != 4:  # autocast keeps its casts of every weight for backward
             copies = [("autocast's compute-dtype copy of the weights", N * c)]
         else:
@@ -279,16 +286,17 @@ def plan(cfg, world: int, per_node: int, card: int, host_ram: int | None, max_co
 
     # per host: what the processes of one node hold in host memory at their peaks
     if m.lora or world == 1:
-        host = [(f"model load: {'the compute dtype' if m.lora else 'fp32'} on the CPU, once per rank ({per_node} a host)",
-                 per_node * (c if m.lora else 4) * N)]
+        host = [(f"model load: {'the compute dtype' if m.lora else 'fp32'} on the CPU, "
+                 f"once per rank ({per_node} a host)", per_node * (c if m.lora else 4) * N)]
     else:  # learner.load_model: rank 0 reads, the other ranks take its weights
         host = [("model load: fp32 on the CPU of rank 0 alone", 4 * N)]
     if not m.lora:
         host.append(("checkpoint: weights and AdamW state gathered on rank 0", 12 * N))
-        host.append((f"resume: the gathered AdamW state, loaded by each rank ({per_node}), + the model on rank 0",
-                     per_node * 8 * N + 4 * N))
+        host.append((f"resume: the gathered AdamW state, loaded by each rank ({per_node}), "
+                     f"+ the model on rank 0", per_node * 8 * N + 4 * N))
     if m.lora and e.sleep:
-        host.append((f"engine weights offloaded while asleep (level 1), {per_node} engines", per_node * N * c))
+        host.append((f"engine weights offloaded while asleep (level 1), {per_node} engines",
+                     per_node * N * c))
 
     problems = {}  # one line per cause, at the first phase it stops
     for phase, items in phases.items():
@@ -299,28 +307,34 @@ def plan(cfg, world: int, per_node: int, card: int, host_ram: int | None, max_co
         state = sum(b for what, b in resident + grads if "AdamW" in what or "fp32" in what)
         act_b = sum(b for _, b in acts)
         if not m.lora and not fsdp and state > card / 2:
-            problems.setdefault("state", f"{need}: train.parallel: {t.parallel if world > 1 else '(one process)'} keeps the whole "
-                            f"fp32 weights, gradients and AdamW state ({state / GiB:.0f} GiB) on every GPU. Set "
-                            f"train.parallel: fsdp under torchrun (it shards them over the ranks: "
-                            f"{state / world / GiB:.0f} GiB a GPU at {world}), use more GPUs, or model.lora: true")
+            problems.setdefault(
+                "state", f"{need}: train.parallel: {t.parallel if world > 1 else '(one process)'} keeps the "
+                f"whole fp32 weights, gradients and AdamW state ({state / GiB:.0f} GiB) on every GPU. Set "
+                f"train.parallel: fsdp under torchrun (it shards them over the ranks: "
+                f"{state / world / GiB:.0f} GiB a GPU at {world}), use more GPUs, or model.lora: true")
         elif act_b > card / 3:
-            problems.setdefault("activations", f"{need}: activations at {tokens:,} tokens take {act_b / GiB:.0f} GiB. "
-                            + ("Lower train.micro_batch_tokens and rollout.max_context" if m.gradient_checkpointing
-                               else "Set model.gradient_checkpointing: true or lower train.micro_batch_tokens"))
+            problems.setdefault(
+                "activations", f"{need}: activations at {tokens:,} tokens take {act_b / GiB:.0f} GiB. "
+                + ("Lower train.micro_batch_tokens and rollout.max_context" if m.gradient_checkpointing
+                   else "Set model.gradient_checkpointing: true or lower train.micro_batch_tokens"))
         elif engine_awake_in_train and phase.startswith("train"):
-            problems.setdefault("beside", f"{need}, with the engine awake beside the trainer. Lower engine.gpu_memory_utilization "
-                            f"(now {e.gpu_memory_utilization}), or set train.mode: sync with engine.sleep: true")
+            problems.setdefault(
+                "beside", f"{need}, with the engine awake beside the trainer. Lower "
+                f"engine.gpu_memory_utilization (now {e.gpu_memory_utilization}), or set train.mode: sync "
+                f"with engine.sleep: true")
         else:
-            problems.setdefault("other", f"{need}. Lower engine.gpu_memory_utilization (now {e.gpu_memory_utilization}) "
-                            f"or train.micro_batch_tokens")
+            problems.setdefault("other", f"{need}. Lower engine.gpu_memory_utilization "
+                                         f"(now {e.gpu_memory_utilization}) or train.micro_batch_tokens")
     if eng["kv_tokens"] < e.max_model_len:
-        problems.setdefault("kv", f"the engine's KV cache holds {eng['kv_tokens']:,} tokens, fewer than engine.max_model_len "
-                        f"({e.max_model_len:,}): vLLM would refuse to start. Raise engine.gpu_memory_utilization "
-                        f"(now {e.gpu_memory_utilization}) or lower engine.max_model_len")
+        problems.setdefault(
+            "kv", f"the engine's KV cache holds {eng['kv_tokens']:,} tokens, fewer than engine.max_model_len "
+            f"({e.max_model_len:,}): vLLM would refuse to start. Raise engine.gpu_memory_utilization "
+            f"(now {e.gpu_memory_utilization}) or lower engine.max_model_len")
     peak = max(b for _, b in host)
     if host_ram is not None and peak > host_ram:
         what = max(host, key=lambda x: x[1])[0]
-        problems.setdefault("host", f"per host, {what} needs {peak / GiB:.0f} GiB, more than the host's {host_ram / GiB:.0f}")
+        problems.setdefault("host", f"per host, {what} needs {peak / GiB:.0f} GiB, "
+                                    f"more than the host's {host_ram / GiB:.0f}")
     where = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
     head = (f"memory plan: {m.path} ({where}): {N / 1e9:.2f} B weights; {world} rank(s), {per_node} a host; "
             f"{'LoRA' if m.lora else 'full fine-tuning'}" + (f", {t.parallel}" if world > 1 else "")
@@ -331,10 +345,12 @@ def plan(cfg, world: int, per_node: int, card: int, host_ram: int | None, max_co
 def gpu_memory_plan(cfg, world: int, per_node: int, gpu_gb: float | None, host_gb: float | None,
                     max_context: int, kl: bool) -> Plan:
     """plan() for this machine: cards of `gpu_gb` GiB, else the visible GPU's, else 80; hosts of
-    `host_gb` GiB, else this machine's RAM when it has a GPU (it is then the run's host), else unchecked."""
+    `host_gb` GiB, else this machine's RAM when it has a GPU (it is then the run's host), else
+    unchecked."""
     import os
     import torch
     gpu = torch.cuda.is_available()
     card = gpu_gb * GiB if gpu_gb else (torch.cuda.get_device_properties(0).total_memory if gpu else 80 * GiB)
-    host = host_gb * GiB if host_gb else (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if gpu else None)
+    host = host_gb * GiB if host_gb else (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                                          if gpu else None)
     return plan(cfg, world, per_node, int(card), host and int(host), max_context, kl)

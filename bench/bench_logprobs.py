@@ -1,6 +1,6 @@
 """Peak memory and time of the trainer's token log-probs + backward at a real vocabulary size.
 
-    python bench/bench_logprobs.py                          # T = 8192 chunked; the full-logits way at T <= 2048
+    python bench/bench_logprobs.py                        # T = 8192 chunked; the full-logits way at T <= 2048
     python bench/bench_logprobs.py --T 4096 --modes full chunked
 
 B x T x V = 1 x T x 151936 (Qwen3's vocabulary) with a 1-layer, 64-wide Qwen3 so the output head
@@ -57,7 +57,8 @@ def main():
     ap.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 8192])
     ap.add_argument("--V", type=int, default=151936)
     ap.add_argument("--modes", nargs="+", default=["full", "chunked"])
-    ap.add_argument("--max-full-T", type=int, default=2048, help="skip the full-logits way above this T (memory)")
+    ap.add_argument("--max-full-T", type=int, default=2048,
+                    help="skip the full-logits way above this T (memory)")
     ap.add_argument("--bf16", action="store_true", help="compute under bf16 autocast, as on a GPU")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "T"), help=argparse.SUPPRESS)
     a = ap.parse_args()

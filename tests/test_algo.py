@@ -133,7 +133,8 @@ def test_token_logprobs_gradient_and_bf16():
     torch.manual_seed(0)
     logits = torch.randn(2, 4, 5, requires_grad=True)
     ids = torch.randint(0, 5, (2, 4))
-    assert torch.autograd.gradcheck(lambda x: logprobs.token_logprobs(x, ids, 1.3, block_size=3)[0], (logits,))
+    assert torch.autograd.gradcheck(lambda x: logprobs.token_logprobs(x, ids, 1.3, block_size=3)[0],
+                                    (logits,))
     assert torch.autograd.gradcheck(
         lambda x: logprobs.token_logprobs(x, ids, with_entropy=True, entropy_grad=True)[1], (logits,))
     lp16, _ = logprobs.token_logprobs(logits.detach().bfloat16(), ids)
@@ -180,7 +181,8 @@ def test_baseline_advantages_match_hand_computation(baseline, std_normalize, neg
     valid = torch.tensor(VALID)
     r = algo.shaped_rewards(torch.tensor(REWARDS), valid, negative_reward)
     a = algo.baseline_advantages(r, valid, torch.tensor(GROUPS), baseline, std_normalize)
-    assert a.tolist() == pytest.approx(expected_advantages(baseline, std_normalize, negative_reward), abs=1e-9)
+    assert a.tolist() == pytest.approx(expected_advantages(baseline, std_normalize, negative_reward),
+                                       abs=1e-9)
     assert torch.isfinite(a).all()
 
 
@@ -205,7 +207,8 @@ def test_chunk_returns_discount_per_turn_and_zero_off_chunks():
 def test_unparsed_turns_get_no_positive_credit():
     # a success whose last two turns did not parse, and a failure with one unparsed turn
     b = build_batch(["paaoaaoaa", "paaoaa"], [1.0, 0.0], groups=[0, 0])
-    b.unparsed = (b.chunk_ids >= 1) & torch.tensor([[True], [False]]) | (b.chunk_ids == 0) & torch.tensor([[False], [True]])
+    b.unparsed = ((b.chunk_ids >= 1) & torch.tensor([[True], [False]])
+                  | (b.chunk_ids == 0) & torch.tensor([[False], [True]]))
     cfg = AlgoConfig(baseline="grpo", gamma=0.5, negative_reward=None)
     credited = algo.compute_advantages(b, dataclasses.replace(cfg, credit_unparsed=True))
     adv = algo.compute_advantages(b, cfg)
@@ -235,11 +238,13 @@ def test_zero_variance_filter_caps_the_filtered_share():
 
 
 def test_keep_rows_masks_long_negatives_and_invalid_rows():
-    b = build_batch(["paaaaaa", "paa", "paaaaaa", "pa"], [0.0, 0.0, 1.0, 1.0], valid=[True, True, True, False])
+    b = build_batch(["paaaaaa", "paa", "paaaaaa", "pa"], [0.0, 0.0, 1.0, 1.0],
+                    valid=[True, True, True, False])
     b.reward[3] = float("nan")
     cfg = AlgoConfig(max_negative_tokens=4)  # baseline none, failures -> -1
     keep, m = algo.keep_rows(b, algo.compute_advantages(b, cfg), cfg)
-    assert keep.tolist() == [False, True, True, False]  # long negative, short negative, long positive, invalid
+    assert keep.tolist() == [False, True, True, False]  # long negative, short negative,
+                                                        # long positive, invalid
     assert m["long_negative_frac"] == 0.25 and m["invalid_frac"] == 0.25
 
 
@@ -285,7 +290,8 @@ def test_drop_zero_advantage_averages_over_the_successes_alone():
     drop = AlgoConfig(baseline="none", negative_reward=0.0, mismatch="none", drop_zero_advantage=True)
     adv = algo.compute_advantages(b, base)
     keep, m = algo.keep_rows(b, adv, drop)
-    assert keep.tolist() == [True, False, True, False, True] and m["zero_advantage_frac"] == pytest.approx(0.4)
+    assert (keep.tolist() == [True, False, True, False, True]
+            and m["zero_advantage_frac"] == pytest.approx(0.4))
     (l_all, _, _), (l_drop, _, _) = (algo.policy_loss(lp, b, adv, c) for c in (base, drop))
     assert l_drop.item() == pytest.approx(l_all.item() * 5 / 3)  # seq_mean_token_mean: 5 rows -> 3
     # by hand: the mean over rows 0, 2, 4 of each row's token-mean of -G·log π, G = γ^(K-1-k)
@@ -350,7 +356,8 @@ def test_gspo_sequence_ratio_value_and_gradient():
         assert ratio[0, t].item() == pytest.approx(s0) and loss[0, t].item() == pytest.approx(-s0)
         assert lp.grad[0, t].item() == pytest.approx(-s0)             # s_i·∇log π_θ(t)·A
     for t in (1, 2):
-        assert ratio[1, t].item() == pytest.approx(s1) and loss[1, t].item() == pytest.approx(-1.1 * 0.5) and hi[1, t]
+        assert (ratio[1, t].item() == pytest.approx(s1) and loss[1, t].item() == pytest.approx(-1.1 * 0.5)
+                and hi[1, t])
         assert lp.grad[1, t].item() == 0.0                            # clipped: no gradient
     assert lp.grad[0, 4].item() == 0.0 and not hi[0].any() and not lo.any()
 
@@ -380,7 +387,8 @@ def test_token_level_ipa_is_the_per_token_form():
     min(π_θ/π_old, 1) of the token alone on T−, chunk_mask a token mask, seq-mean-token-mean.
     At level chunk the same batch gives another loss (the chunk means differ)."""
     b = build_batch(["paaoaa", "paaoaap"], [1.0, 0.0])
-    lp = torch.tensor([[0, -0.5, -0.7, 0, -0.2, -0.4, 0], [0, -0.5, -0.7, 0, -0.2, -0.4, 0]], requires_grad=True)
+    lp = torch.tensor([[0, -0.5, -0.7, 0, -0.2, -0.4, 0], [0, -0.5, -0.7, 0, -0.2, -0.4, 0]],
+                      requires_grad=True)
     b.old_logprobs = torch.tensor([[0, -1.5, -1.7, 0, 0.0, 0.0, 0], [0, -0.9, -0.2, 0, 0.4, 0.2, 0]])
     b.infer_logprobs = b.old_logprobs - torch.tensor([[0, 0, 0, 0, 0, 0, 0], [0, 0, 2.0, 0, 0, 0, 0]])
     cfg = AlgoConfig(gamma=0.5, level="token", mismatch_cap=5.0)  # baseline none, failure -> -1
@@ -408,7 +416,7 @@ def test_token_level_ipa_is_the_per_token_form():
 
 def test_k3_kl_and_aggregation_modes_by_hand():
     lp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
-    want = [math.exp(r - l) - (r - l) - 1 for l, r in [(-1.0, -1.5), (-2.0, -1.0)]]
+    want = [math.exp(r - l) - (r - l) - 1 for l, r in [(-1.0, -1.5), (-2.0, -1.0)]]  # noqa: E741
     assert algo.k3_kl(lp, ref)[0].tolist() == pytest.approx(want)
 
     loss = torch.tensor([[9.0, 2.0, 0.0, 0.0], [9.0, 1.0, 3.0, 5.0], [7.0, 7.0, 7.0, 7.0]])
@@ -431,7 +439,8 @@ def test_policy_loss_ppo_with_kl_entropy_tis_by_hand():
     b = build_batch(["paaoa", "paa"], [1.0, 0.0], groups=[0, 0])
     lp = torch.tensor([[0, -0.3, -0.6, 0, -0.2], [0, -0.7, -0.1, 0, 0]], requires_grad=True)
     b.old_logprobs = torch.tensor([[0, -0.4, -0.5, 0, -0.2], [0, -0.5, -0.2, 0, 0]])
-    b.infer_logprobs = b.old_logprobs - torch.tensor([[0, 2.0, 0.0, 0, 0.1], [0, 0.0, -0.3, 0, 0]]) * b.loss_mask
+    b.infer_logprobs = (b.old_logprobs
+                        - torch.tensor([[0, 2.0, 0.0, 0, 0.1], [0, 0.0, -0.3, 0, 0]]) * b.loss_mask)
     ref = torch.tensor([[0, -0.5, -0.5, 0, -0.5], [0, -0.5, -0.5, 0, 0]])
     ent = torch.tensor([[0, 1.0, 2.0, 0, 3.0], [0, 0.5, 0.5, 0, 0]])
     cfg = AlgoConfig(loss="ppo", baseline="grpo", negative_reward=None, gamma=1.0, mismatch="token_tis",
@@ -461,20 +470,24 @@ def test_aggregation_modes_differ_exactly_as_documented(loss_name):
     lp = rand_lp(b)
     b.old_logprobs = lp - 0.05 * b.loss_mask
     b.infer_logprobs = b.old_logprobs.clone()
+    # policy_loss must use these clip bounds
     base = AlgoConfig(loss=loss_name, baseline="grpo", negative_reward=None, gamma=0.9,
-                      clip_low=0.1, clip_high=0.3, seq_clip_low=1e-3, seq_clip_high=2e-3)  # policy_loss must use these
+                      clip_low=0.1, clip_high=0.3, seq_clip_low=1e-3, seq_clip_high=2e-3)
     adv = algo.compute_advantages(b, base)
     per_tok = {"ppo": algo.ppo_clip_loss, "gspo": algo.gspo_loss}.get(loss_name)
     if per_tok:
-        clip = (base.clip_low, base.clip_high) if loss_name == "ppo" else (base.seq_clip_low, base.seq_clip_high)
+        clip = ((base.clip_low, base.clip_high) if loss_name == "ppo"
+                else (base.seq_clip_low, base.seq_clip_high))
         tok_loss = per_tok(lp, b.old_logprobs, adv, b.loss_mask, *clip)[0]
     else:
         tok_loss = algo.ipa_chunk_loss(lp, b.old_logprobs, adv, b.loss_mask, b.chunk_ids)[0]
-    rows = [[tok_loss[r, t].item() for t in range(b.input_ids.shape[1]) if b.loss_mask[r, t]] for r in range(3)]
+    rows = [[tok_loss[r, t].item() for t in range(b.input_ids.shape[1]) if b.loss_mask[r, t]]
+            for r in range(3)]
     want = {"token_mean": sum(map(sum, rows)) / sum(map(len, rows)),
             "seq_mean_token_mean": sum(sum(x) / len(x) for x in rows) / 3,
             "seq_sum_norm": sum(map(sum, rows)) / (3 * 12)}
-    got = {agg: algo.policy_loss(lp, b, adv, AlgoConfig(**{**base.__dict__, "agg": agg, "norm_length": 12}))[0].item()
+    got = {agg: algo.policy_loss(lp, b, adv,
+                                 AlgoConfig(**{**base.__dict__, "agg": agg, "norm_length": 12}))[0].item()
            for agg in want}
     assert got == pytest.approx(want)
     assert len({round(v, 9) for v in got.values()}) == 3
@@ -640,12 +653,14 @@ def test_micro_batches_add_up_to_the_full_batch(agg):
 
     keep, _ = algo.keep_rows(b, adv, cfg)
     rows, probe, known = algo.rows_that_train(b, adv, keep, cfg)
-    assert known is None and not probe and rows == [i for i in range(len(b)) if keep[i]]  # entropy: every kept row trains
+    # entropy: every kept row trains
+    assert known is None and not probe and rows == [i for i in range(len(b)) if keep[i]]
     total, masks = 0.0, torch.zeros_like(b.loss_mask)
     pol.zero_grad()
     for idx in [[0, 2, 4], [1, 3, 5]]:                 # groups split across micro-batches
         mb, ex = learner.select_rows(b, idx, {"adv": adv})
-        lp, ent = logprobs.token_logprobs(pol(mb.input_ids), mb.input_ids, with_entropy=True, entropy_grad=True)
+        lp, ent = logprobs.token_logprobs(pol(mb.input_ids), mb.input_ids, with_entropy=True,
+                                          entropy_grad=True)
         loss, _, mask = algo.policy_loss(lp, mb, ex["adv"], cfg, entropy=ent, keep=keep[idx], denominator=1.0)
         loss.backward()
         total += loss.item()
@@ -667,8 +682,10 @@ def test_rows_that_train_leave_out_rows_without_signal_and_keep_their_tokens_in_
     rows, probe, known = algo.rows_that_train(b, adv, keep, cfg)
     assert rows == [0, 2] and not probe and known is not None
     assert algo.aggregation_denominator(known, cfg.agg) == float(b.loss_mask.sum())
-    b.old_logprobs = None  # a mismatch mask needs π_old: without it, the failure is forwarded for its mask alone
-    assert algo.rows_that_train(b, adv, keep, AlgoConfig(baseline="none", negative_reward=0.0)) == ([0, 2], [1], None)
+    b.old_logprobs = None  # a mismatch mask needs π_old: without it,
+                           # the failure is forwarded for its mask alone
+    assert (algo.rows_that_train(b, adv, keep, AlgoConfig(baseline="none", negative_reward=0.0))
+            == ([0, 2], [1], None))
 
 
 def test_policy_loss_errors_name_the_missing_input():
@@ -712,7 +729,8 @@ def test_one_extreme_token_masks_its_chunk():
     log_r = (b.old_logprobs - b.infer_logprobs) * b.loss_mask
     keep, _ = algo.mismatch_correction(log_r, b.loss_mask, b.chunk_ids, "chunk_mask", 5.0, floor=0.0)
     assert keep[0, 1:].eq(0).all()
-    _, m, _ = algo.policy_loss(b.old_logprobs.clone(), b, algo.compute_advantages(b, AlgoConfig()), AlgoConfig())
+    _, m, _ = algo.policy_loss(b.old_logprobs.clone(), b, algo.compute_advantages(b, AlgoConfig()),
+                               AlgoConfig())
     assert m["mismatch_chunk_frac"] == 1.0
 
 

