@@ -49,9 +49,9 @@ class RunLock:
             fcntl.lockf(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self.fh.close()
-            raise SystemExit(f"{out} is being written by {writer(out)}: a second process would interleave its "
-                             f"records and checkpoints with that one's. Wait for it to end or stop it, or set "
-                             f"another run_name / out_dir.") from None
+            raise SystemExit(f"{out} is being written by {writer(out)}: a second process would interleave "
+                             f"its records and checkpoints with that one's. Wait for it to end or stop it, "
+                             f"or set another run_name / out_dir.") from None
         self.fh.truncate(0)
         self.fh.write(f"{os.getpid()} {socket.gethostname()}\n")
         self.fh.flush()
@@ -86,11 +86,13 @@ def claim_run_dir(out: Path, resume: bool, restart: bool) -> RunLock:
     when it holds no checkpoint), and otherwise refused.
     tests/test_rundir.py::test_an_existing_run_is_refused_or_moved_aside_never_clobbered"""
     if resume and restart:
-        raise SystemExit("--resume continues the run in out_dir and --restart starts it over: pass one of them")
+        raise SystemExit("--resume continues the run in out_dir and --restart starts it over: "
+                         "pass one of them")
     ckpts = checkpoints(out / "checkpoints")
     if _holds_run(out) and not (resume or restart):  # refused without writing anything
         metrics = out / "metrics.jsonl"
-        held = [f"{len(metrics.read_text().splitlines())} metrics records" if metrics.exists() else "no metrics",
+        held = [f"{len(metrics.read_text().splitlines())} metrics records" if metrics.exists()
+                else "no metrics",
                 f"checkpoints up to {ckpts[-1].name}" if ckpts else "no checkpoint"]
         raise SystemExit(f"{out} already holds a run ({', '.join(held)}). Pass --resume to continue it from "
                          f"its latest checkpoint, or --restart to start over (the old run is moved to "
@@ -142,14 +144,16 @@ def _prefix_sha256(path: Path, size: int) -> str:
 def log_digests(out: Path) -> dict:
     """{name: {"size", "sha256"}} of each *.jsonl log of the run directory (every log is appended
     to, never rewritten, so a later checkpoint's digest covers a longer prefix of the same bytes)."""
-    return {p.name: {"size": (n := p.stat().st_size), "sha256": _prefix_sha256(p, n)} for p in sorted(out.glob("*.jsonl"))}
+    return {p.name: {"size": (n := p.stat().st_size), "sha256": _prefix_sha256(p, n)}
+            for p in sorted(out.glob("*.jsonl"))}
 
 
 def _log_problem(out: Path, logs: dict) -> str | None:
     """What keeps the run's logs from being the ones checkpoint meta `logs` recorded: one cut short
     (a resume from it would lose the records past the cut) or changed before the recorded size."""
     for name, rec in logs.items():
-        size, digest = (rec, None) if isinstance(rec, int) else (rec["size"], rec["sha256"])  # older: sizes only
+        # a checkpoint saved before the digests holds sizes only
+        size, digest = (rec, None) if isinstance(rec, int) else (rec["size"], rec["sha256"])
         path = out / name
         held = path.stat().st_size if path.exists() else 0
         if held < size:
@@ -239,7 +243,8 @@ def save_checkpoint(ckpt_root: Path, step: int, write_model, state: dict, keep_l
         if old != final and old.name != "step_000000":
             shutil.rmtree(old, ignore_errors=True)
     # a resume takes step_000000 (or later) over any SFT checkpoint, so those are dead weight (~the
-    # model's size each): tests/test_train.py::test_sigkill_during_sft_and_resume_continues_the_unbroken_run_bit_for_bit
+    # model's size each):
+    # tests/test_train.py::test_sigkill_during_sft_and_resume_continues_the_unbroken_run_bit_for_bit
     for old in ckpt_root.glob("sft_*") if kind == "step" else []:
         shutil.rmtree(old, ignore_errors=True)
     for stale in ckpt_root.glob(".tmp-*_*"):  # left by a run killed mid-save
@@ -257,10 +262,11 @@ def checkpoint_failed(ckpt_root: Path, tmp: Path, final: Path, e: Exception):
         raise e
     kept = [p.name for p in checkpoints(ckpt_root)]
     why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+    before = (f"The checkpoints before it are intact ({kept[-1]} the newest)" if kept
+              else "No checkpoint was saved yet")
     raise SystemExit(f"checkpoint {final.name} not saved: the disk holding {ckpt_root} is full "
-                     f"({shutil.disk_usage(ckpt_root).free >> 20} MiB free once its partial files were removed; "
-                     f"{why}). " + (f"The checkpoints before it are intact ({kept[-1]} the newest)" if kept else
-                                    "No checkpoint was saved yet") + ": free space there, then continue with --resume.") from None
+                     f"({shutil.disk_usage(ckpt_root).free >> 20} MiB free once its partial files were "
+                     f"removed; {why}). {before}: free space there, then continue with --resume.") from None
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
@@ -303,7 +309,8 @@ def resume_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict]:
     for path in reversed(checkpoints(ckpt_root)):
         problem = verify_checkpoint(path)
         if problem is None:
-            problem = _log_problem(ckpt_root.parent, json.loads((path / "meta.json").read_text()).get("logs", {}))
+            logs = json.loads((path / "meta.json").read_text()).get("logs", {})
+            problem = _log_problem(ckpt_root.parent, logs)
         if problem is None:
             try:
                 state = torch.load(path / "trainer.pt", weights_only=False)
@@ -314,7 +321,8 @@ def resume_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict]:
             print(f"resume: skipping {path}: {problem}", file=sys.stderr)
             continue
         if problems:
-            print(f"resume: falling back to {path} (an older checkpoint: its steps are trained again)", file=sys.stderr)
+            print(f"resume: falling back to {path} (an older checkpoint: its steps are trained again)",
+                  file=sys.stderr)
         logs = json.loads((path / "meta.json").read_text()).get("logs")
         if logs is not None:
             sizes = {k: v if isinstance(v, int) else v["size"] for k, v in logs.items()}
@@ -330,7 +338,8 @@ def resume_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict]:
 
 def stop_if_non_finite(step: int, metrics: dict | None = None, weights: dict | None = None):
     """End the run, naming the step, when its loss / grad norm or any weight is NaN or inf: such
-    weights must never reach a checkpoint. tests/test_rundir.py::test_non_finite_loss_or_weights_stop_the_run"""
+    weights must never reach a checkpoint.
+    tests/test_rundir.py::test_non_finite_loss_or_weights_stop_the_run"""
     bad = [f"{k} = {metrics[k]}" for k in ("loss", "grad_norm")
            if metrics and k in metrics and not math.isfinite(metrics[k])]
     if weights:
@@ -338,8 +347,9 @@ def stop_if_non_finite(step: int, metrics: dict | None = None, weights: dict | N
         bad += [f"weight {n}" for n, t in weights.items()
                 if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())][:3]
     if bad:
-        raise SystemExit(f"step {step}: {', '.join(bad)} is not finite; stopping without saving it. Resume from "
-                         f"the last checkpoint (--resume), e.g. with a lower train.lr or train.grad_clip.")
+        raise SystemExit(f"step {step}: {', '.join(bad)} is not finite; stopping without saving it. Resume "
+                         f"from the last checkpoint (--resume), e.g. with a lower train.lr or "
+                         f"train.grad_clip.")
 
 
 def rng_state() -> dict:
@@ -416,7 +426,8 @@ def plot_curves(records: list[dict], out: Path) -> str:
     for ax, (phase, key, title) in zip(axes, panels):
         pts = [(r["step"], r[key]) for r in records if r.get("phase") == phase and key in r]
         if pts:
-            ax.plot(*zip(*pts), marker="o" if phase == "eval" or len(pts) < 30 else None)  # a lone point shows
+            # markers where the points are few: a lone point shows
+            ax.plot(*zip(*pts), marker="o" if phase == "eval" or len(pts) < 30 else None)
         ax.set_title(title)
         ax.set_xlabel("step")
     fig.tight_layout()
@@ -442,7 +453,8 @@ def peak_rss_gib() -> tuple[float, float]:
                  for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
-def summary(records: list[dict], wall_s: float, out_dir: Path, peak_rss: tuple[float, float] | None = None) -> str:
+def summary(records: list[dict], wall_s: float, out_dir: Path,
+            peak_rss: tuple[float, float] | None = None) -> str:
     ev = [r for r in records if r.get("phase") == "eval"]
     rl = [r for r in records if r.get("phase") == "rl"]
     lines = ["=" * 72, f"run {out_dir}"]
@@ -450,21 +462,24 @@ def summary(records: list[dict], wall_s: float, out_dir: Path, peak_rss: tuple[f
     if sft:
         val = [r for r in sft if "val_oracle_prob" in r]
         lines.append(f"sft: {len(sft)} steps, loss {sft[-1]['loss']:.3f}" + (
-            f"; val_oracle_prob {val[-1]['val_oracle_prob']:.3f}, val_nll {val[-1]['val_nll']:.3f}" if val else ""))
+            f"; val_oracle_prob {val[-1]['val_oracle_prob']:.3f}, val_nll {val[-1]['val_nll']:.3f}"
+            if val else ""))
     if ev:
         lines.append(f"held-out success: start {_estimate(ev[0])} -> end {_estimate(ev[-1])}; "
                      f"best {max(r['success'] for r in ev):.1%}")
     if rl:
         first, last = rl[: max(1, len(rl) // 4)], rl[-max(1, len(rl) // 4):]
         mean = lambda rs, k: sum(r.get(k, 0) for r in rs) / len(rs)  # noqa: E731
-        lines.append(f"train reward: first quarter {mean(first, 'reward'):.3f} -> last quarter {mean(last, 'reward'):.3f}"
-                     f" over {len(rl)} steps")
+        lines.append(f"train reward: first quarter {mean(first, 'reward'):.3f} -> last quarter "
+                     f"{mean(last, 'reward'):.3f} over {len(rl)} steps")
         tok = sum(r.get("tokens", 0) for r in rl)
         gaps = [r["sync_gap"] for r in rl if "sync_gap" in r]
-        lines.append(f"tokens trained: {tok:,}; padding {mean(rl, 'padding_frac'):.1%}; sync gap (mean |Δlogp|) "
-                     + (f"{sum(gaps) / len(gaps):.2e}" if gaps else "not checked"))
-        times = {k: sum(r.get(f"time/{k}", 0) for r in rl) for k in ("rollout", "train", "sync", "eval", "checkpoint")}
-        lines.append("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in times.items()) + f"; wall {wall_s / 60:.1f} min")
+        lines.append(f"tokens trained: {tok:,}; padding {mean(rl, 'padding_frac'):.1%}; sync gap "
+                     f"(mean |Δlogp|) " + (f"{sum(gaps) / len(gaps):.2e}" if gaps else "not checked"))
+        times = {k: sum(r.get(f"time/{k}", 0) for r in rl)
+                 for k in ("rollout", "train", "sync", "eval", "checkpoint")}
+        lines.append("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in times.items())
+                     + f"; wall {wall_s / 60:.1f} min")
     if peak_rss:
         lines.append(f"peak resident memory: {peak_rss[0]:.2f} GiB" + (
             f" (its largest child process: {peak_rss[1]:.2f} GiB)" if peak_rss[1] >= 0.01 else ""))

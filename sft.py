@@ -27,7 +27,8 @@ def val_tasks(train_tasks: list, cfg) -> list:
     val = train_tasks[n:][-v:] if v else []
     if v and not val:
         raise SystemExit(f"sft.val_tasks needs train tasks beyond the sft.num_tasks={n} SFT trains on; "
-                         f"there are {len(train_tasks)}: add tasks, lower sft.num_tasks or set sft.val_tasks=0")
+                         f"there are {len(train_tasks)}: add tasks, lower sft.num_tasks or set "
+                         f"sft.val_tasks=0")
     return val
 
 
@@ -62,8 +63,9 @@ def oracle_demos(cfg, tok, env, tasks, val_tasks, rcfg, rank: int = 0) -> tuple[
         raise SystemExit(f"SFT: {len(demos)} oracle trajectories passed their tests (ranks: {world}); "
                          f"check the tasks with `python tasktool.py validate`")
     if cfg.sft.val_tasks and min(distributed.gather(len(val), world)) < 1:
-        raise SystemExit(f"SFT validation: no oracle trajectory of the {cfg.sft.val_tasks} sft.val_tasks passed its tests "
-                         f"on some rank; raise sft.val_tasks or check the tasks with `python tasktool.py validate`")
+        raise SystemExit(f"SFT validation: no oracle trajectory of the {cfg.sft.val_tasks} sft.val_tasks "
+                         f"passed its tests on some rank; raise sft.val_tasks or check the tasks with "
+                         f"`python tasktool.py validate`")
     return demos, val
 
 

@@ -3,7 +3,7 @@
     python train.py --config configs/tiny.yaml                      # the CPU demo (builds a tiny model)
     python train.py --config configs/tiny.yaml --set train.steps=4 --set train.lr=3e-4
     python train.py --config configs/tiny.yaml --dry-run            # check config, tasks, model, docker
-    python train.py --config configs/tiny.yaml --resume             # continue from <out_dir>/checkpoints/latest
+    python train.py --config configs/tiny.yaml --resume             # continue from its newest checkpoint
     torchrun --nproc-per-node 8 train.py --config configs/qwen3-full-8gpu.yaml   # one box, many GPUs
     torchrun --nnodes 2 --node-rank K --nproc-per-node 8 --master-addr NODE0 --master-port 29500 train.py ...
 
@@ -62,7 +62,8 @@ from generated_tasks import load_task_sets
 from task_folders import TaskError
 from evaluate import task_mean_ci
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # episode threads share the tokenizer; its pool would warn at every fork
+# episode threads share the tokenizer; its pool would warn at every fork
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 # -----------------------------------------------------------------------------------------------
@@ -99,9 +100,9 @@ def check_topk_rule(cfg: Config, rcfg, device: str):
     engine, trainer = engine_topk_rule(cfg.engine.kind), logprobs.topk_rule(device)
     if engine != trainer:
         raise SystemExit(f"the engine ({cfg.engine.kind} on {device}) keeps its top-k/top-p support by the "
-                         f"{engine!r} rule and the trainer by {trainer!r} (logprobs.topk_rule): their log-probs "
-                         f"would differ at every tie. Use engine.kind vllm on the trainer's device, "
-                         f"or rollout.top_k: -1 and rollout.top_p: 1.0")
+                         f"{engine!r} rule and the trainer by {trainer!r} (logprobs.topk_rule): their "
+                         f"log-probs would differ at every tie. Use engine.kind vllm on the trainer's "
+                         f"device, or rollout.top_k: -1 and rollout.top_p: 1.0")
 
 
 def sync_weights(model, policy, cfg: Config, out_dir: Path, version: int):
@@ -154,7 +155,8 @@ class Run:
     ref_model: object      # π_ref of algo's KL term under full fine-tuning (learner.load_reference)
     env: env.Env
     lock: rundir.RunLock | None  # rank 0's: no second process writes the run directory
-    filter: difficulty.DifficultyFilter  # which tasks sit out (train.filter_window); its state is in every checkpoint
+    # which tasks sit out (train.filter_window); its state is in every checkpoint
+    filter: difficulty.DifficultyFilter
 
 
 def setup(cfg: Config, resume: bool, restart: bool) -> Run:
@@ -164,7 +166,8 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     rank, world = distributed.init_distributed(device, cfg.train.collective_timeout_min)
     if world > 1 and (cfg.train.tasks_per_step < world or (cfg.sft.steps and cfg.sft.batch_size < world)):
         raise SystemExit(f"{world} ranks each train on a share of every batch: train.tasks_per_step "
-                         f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be >= {world}")
+                         f"({cfg.train.tasks_per_step}) and sft.batch_size ({cfg.sft.batch_size}) must be "
+                         f">= {world}")
     out = Path(cfg.out_dir)
     # rank 0 alone looks and moves an old run aside, once for every node; another rank looking
     # meanwhile could see the directory vanish under it. Every rank then says rank 0's refusal.
@@ -183,7 +186,8 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     torch.manual_seed(cfg.seed)
     rcfg, acfg = rollout_cfg(cfg), algo_cfg(cfg)
     train_tasks, eval_tasks = load_task_sets(cfg)
-    if device == "cuda":  # a config that cannot fit stops here, with the key to change, not in an OOM an hour in
+    # a config that cannot fit stops here, with the key to change, not in an OOM an hour in
+    if device == "cuda":
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         try:
             problems = memory_plan.gpu_memory_plan(cfg, world, per_node, None, None, rcfg.max_context,
@@ -192,7 +196,8 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
             print(e, file=sys.stderr)
             problems = []
         if problems:
-            raise SystemExit("memory plan: " + "; ".join(problems) + " (python train.py --dry-run prints the plan)")
+            raise SystemExit("memory plan: " + "; ".join(problems)
+                             + " (python train.py --dry-run prints the plan)")
     if cfg.model.build_tiny and rank == 0:
         generated = cfg.data.generated_seed if cfg.data.train_tasks == "generated" else None
         tiny.build_for_tasks(cfg.model.path, train_tasks, rcfg.system_prompt, rcfg.tools, generated,
@@ -210,7 +215,8 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     if rank == 0 and (note := learner.cpu_bf16_note(cfg, device)):
         print(note, file=sys.stderr)
     model = learner.load_model(cfg, device, None if shards else ckpt)
-    ref_model = learner.load_reference(cfg, device) if acfg.kl_coef else None  # a full copy per process (not sharded)
+    # a full copy per process (not sharded)
+    ref_model = learner.load_reference(cfg, device) if acfg.kl_coef else None
     terminals = make_env(cfg)
     if world > 1:
         model = distributed.wrap_parallel(model, cfg, device, learner.compute_dtype(cfg, device))
@@ -248,7 +254,8 @@ def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
     cfg = r.cfg
     st = {"step": step, "data_pos": step * cfg.train.tasks_per_step, "sft_done": True, "rng": rng_state(),
           "experts": r.experts, "difficulty": r.filter.state()}
-    keep_sft = sft_opt is not None and cfg.sft.keep_moments  # a resume from the SFT-only start carries them too
+    # a resume from the SFT-only start carries them too
+    keep_sft = sft_opt is not None and cfg.sft.keep_moments
     if r.world > 1:
         return sharded_checkpoint(r, step, st, {"optimizer": opt} if opt is not None else
                                   {"sft_optimizer": sft_opt} if keep_sft else {}, sched)
@@ -258,8 +265,8 @@ def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
         st["sft_optimizer"] = sft_opt.state_dict()
     full = distributed.unwrap(r.model).state_dict()
     rundir.stop_if_non_finite(step, weights=full)
-    return save_checkpoint(r.out / "checkpoints", step, lambda d: learner.save_model(r.model, r.tok, d, full), st,
-                           cfg.checkpoint.keep_last)
+    return save_checkpoint(r.out / "checkpoints", step, lambda d: learner.save_model(r.model, r.tok, d, full),
+                           st, cfg.checkpoint.keep_last)
 
 
 def sharded_checkpoint(r: Run, step: int, st: dict, opts: dict, sched, kind: str = "step") -> Path:
@@ -288,13 +295,14 @@ def sharded_checkpoint(r: Run, step: int, st: dict, opts: dict, sched, kind: str
     except Exception as e:  # a rank's write failed: DCP raises it on every rank
         if r.rank == 0:
             rundir.checkpoint_failed(root, tmp, final, e)
-        raise SystemExit(f"checkpoint {final.name} not saved (rank {r.rank}: {type(e).__name__}); rank 0 says why")
+        raise SystemExit(f"checkpoint {final.name} not saved (rank {r.rank}: {type(e).__name__}); "
+                         f"rank 0 says why")
     hashed = {k: v for d in distributed.gather(hashed, r.world) for k, v in d.items()}
     last = kind == "step" and step == cfg.train.steps
     full = distributed.full_state_dict(r.model) if last else None  # collective under FSDP
     if r.rank == 0:
-        save_checkpoint(root, step, None if full is None else lambda d: learner.save_model(r.model, r.tok, d, full),
-                        st, cfg.checkpoint.keep_last, tmp=tmp, hashed=hashed, kind=kind)
+        write = None if full is None else lambda d: learner.save_model(r.model, r.tok, d, full)
+        save_checkpoint(root, step, write, st, cfg.checkpoint.keep_last, tmp=tmp, hashed=hashed, kind=kind)
     return final
 
 
@@ -358,7 +366,8 @@ def rl_optimizer(r: Run, sft_opt):
     elif "optimizer" in state:
         distributed.load_optimizer_state(r.model, opt, state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-    elif cfg.sft.keep_moments and (sft_opt is not None or "sft_optimizer" in state or "sft_optimizer" in sharded):
+    elif cfg.sft.keep_moments and (sft_opt is not None or "sft_optimizer" in state
+                                   or "sft_optimizer" in sharded):
         # Adam's bias-corrected first step is lr * sign(g) on every weight, however small or noisy g
         # is; SFT's second moments scale RL's first steps by what that weight's gradients have
         # looked like instead.
@@ -367,7 +376,8 @@ def rl_optimizer(r: Run, sft_opt):
         else:  # resuming at the SFT-only start: the saved state, but RL's own lr
             lrs = [(g["lr"], g["initial_lr"]) for g in opt.param_groups]
             if "sft_optimizer" in sharded:
-                distributed.load_shards(r.ckpt / distributed.SHARDS, r.model, {"sft_optimizer": opt}, weights=False)
+                distributed.load_shards(r.ckpt / distributed.SHARDS, r.model, {"sft_optimizer": opt},
+                                        weights=False)
             else:
                 distributed.load_optimizer_state(r.model, opt, state["sft_optimizer"])
             for g, (lr, initial) in zip(opt.param_groups, lrs):
@@ -417,7 +427,8 @@ def rollout_step(r: Run, policy, step: int) -> StepRollout:
     mine, before = rank_share(tasks, r.rank, r.world)  # all ranks' tasks; this one's
     g0, t0 = policy.gen_busy_s, time.time()
     trajs = rollout.collect(mine, policy, r.env, r.rcfg, group_size=r.cfg.train.group_size,
-                            group_id_start=step * r.cfg.train.tasks_per_step + before, progress=False, experts=r.experts)
+                            group_id_start=step * r.cfg.train.tasks_per_step + before, progress=False,
+                            experts=r.experts)
     return StepRollout(step=step, tasks=tasks, drawn=drawn, trajs=trajs, t_roll=time.time() - t0,
                        t_gen=policy.gen_busy_s - g0)
 
@@ -507,17 +518,20 @@ def heldout_eval(r: Run, policy, step: int) -> tuple[float, float]:
     trajs = rollout.collect(mine, policy, r.env, ecfg, group_size=samples, group_id_start=10 ** 6 + before,
                             progress=False)
     valid = [t for t in trajs if t.valid]
-    succ = distributed.all_mean([sum(t.reward > 0 for t in valid) / max(1, len(valid))], r.world, len(valid))[0]
+    succ = distributed.all_mean([sum(t.reward > 0 for t in valid) / max(1, len(valid))], r.world,
+                                len(valid))[0]
     counts = {}  # task -> [passed, valid episodes], every rank's
     for part in distributed.gather([(t.task_name, t.reward > 0) for t in valid], r.world):
         for name, ok in part:
             c = counts.setdefault(name, [0, 0])
             c[0], c[1] = c[0] + ok, c[1] + 1
     low, high = task_mean_ci(list(counts.values()))
-    rollout.write_jsonl(trajs, r.out / (f"eval_trajectories.rank{r.rank}.jsonl" if r.world > 1 else "eval_trajectories.jsonl"))
+    rollout.write_jsonl(trajs, r.out / (f"eval_trajectories.rank{r.rank}.jsonl" if r.world > 1
+                                        else "eval_trajectories.jsonl"))
     if r.rank == 0:
-        r.log.log({"phase": "eval", "step": step, "success": succ, "success_ci": [low, high], "samples": samples,
-                   "episodes": sum(n for _, n in counts.values()), "time/eval": time.time() - t0})
+        r.log.log({"phase": "eval", "step": step, "success": succ, "success_ci": [low, high],
+                   "samples": samples, "episodes": sum(n for _, n in counts.values()),
+                   "time/eval": time.time() - t0})
     return succ, time.time() - t0
 
 
@@ -535,7 +549,8 @@ def finish(r: Run, t_start: float) -> dict:
     result = {"records": r.log.records, "wall_s": time.time() - t_start}
     if r.rank == 0:
         line = plot_curves(r.log.records, r.out / "curves.png") if r.cfg.plot else ""
-        text = summary(r.log.records, result["wall_s"], r.out, rundir.peak_rss_gib()) + ("\n" + line if line else "")
+        text = (summary(r.log.records, result["wall_s"], r.out, rundir.peak_rss_gib())
+                + ("\n" + line if line else ""))
         (r.out / "summary.txt").write_text(text + "\n")
         print(text)
     r.log.close()
@@ -556,7 +571,8 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     opt, sched = rl_optimizer(r, sft_opt)
     policy = start_policy(r, start)
     if "rng" in r.state:  # after the engine: vLLM seeds python/numpy/torch when it starts, which would
-        # overwrite the checkpoint's states (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit)
+        # overwrite the checkpoint's states
+        # (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit)
         set_rng_state(r.state["rng"])
     model, log, world, rank = r.model, r.log, r.world, r.rank
     traj_file = r.out / (f"trajectories.rank{rank}.jsonl" if world > 1 else "trajectories.jsonl")
@@ -570,7 +586,8 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     stop = threading.Event()
     produced = start_producer(r, policy, start, stop) if cfg.train.mode == "async" else None
 
-    bar = tqdm(range(start, cfg.train.steps), desc="rl", initial=start, total=cfg.train.steps, disable=rank != 0)
+    bar = tqdm(range(start, cfg.train.steps), desc="rl", initial=start, total=cfg.train.steps,
+               disable=rank != 0)
     for step in bar:
         t_step = time.time()
         # 1. rollout (engine awake)
@@ -614,10 +631,13 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
             eval_succ, t_eval = heldout_eval(r, policy, done)
 
         # 8. log: one line per step
-        rec = {"phase": "rl", "step": done, "reward": reward, "success": success, "tasks": [t.name for t in ro.tasks],
-               "episodes": len(trajs), "dropped_stale": ro.n_stale, "policy_version": policy.version, **ro.drawn, **filtered, **m,
-               "sync_gap": gap.get("sync/mean_abs_logprob_gap"), "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
-               "time/rollout": ro.t_roll, "time/generation": ro.t_gen, "time/env": max(0.0, ro.t_roll - ro.t_gen),
+        rec = {"phase": "rl", "step": done, "reward": reward, "success": success,
+               "tasks": [t.name for t in ro.tasks], "episodes": len(trajs), "dropped_stale": ro.n_stale,
+               "policy_version": policy.version, **ro.drawn, **filtered, **m,
+               "sync_gap": gap.get("sync/mean_abs_logprob_gap"),
+               "sync_gap_max": gap.get("sync/max_abs_logprob_gap"),
+               "time/rollout": ro.t_roll, "time/generation": ro.t_gen,
+               "time/env": max(0.0, ro.t_roll - ro.t_gen),
                "time/train": t_train, "time/sync": t_sync, "time/eval": t_eval, "time/checkpoint": t_ckpt,
                "time/step": time.time() - t_step,  # wall clock; async mode hides rollout time behind training
                **{k.replace("rollout/", "rollout_"): v for k, v in rollout.rollout_metrics(trajs).items()},
@@ -651,8 +671,8 @@ def dry_run(cfg: Config, nproc: int = 1, nnodes: int = 1, gpu_gb: float | None =
     mtext = ""
     if device == "cuda":
         try:
-            mplan = memory_plan.gpu_memory_plan(cfg, nproc * nnodes, nproc, gpu_gb, host_gb, rollout_cfg(cfg).max_context,
-                                                bool(algo_cfg(cfg).kl_coef))
+            mplan = memory_plan.gpu_memory_plan(cfg, nproc * nnodes, nproc, gpu_gb, host_gb,
+                                                rollout_cfg(cfg).max_context, bool(algo_cfg(cfg).kl_coef))
             mtext = mplan.text()
             problems += [f"memory: {p}" for p in mplan.problems]
         except SystemExit as e:
@@ -688,12 +708,14 @@ def dry_run(cfg: Config, nproc: int = 1, nnodes: int = 1, gpu_gb: float | None =
                 hosts.connect(docker, h, hosts.PROBE_TIMEOUT_S).ping()
                 print(f"docker host {h.name}: reachable")
             except Exception as e:
-                problems.append(str(e) if isinstance(e, ValueError) else f"docker host {spec}: not reachable ({e})")
+                problems.append(str(e) if isinstance(e, ValueError)
+                                else f"docker host {spec}: not reachable ({e})")
     except Exception as e:
         problems.append(f"docker: not reachable ({type(e).__name__}: {e}); start dockerd")
     print(f"device: {device}; engine: {cfg.engine.kind}; {'LoRA' if cfg.model.lora else 'full'} fine-tuning; "
-          f"algo: {algo_cfg(cfg).loss}; mode: {cfg.train.mode}; steps: sft {cfg.sft.steps}, rl {cfg.train.steps} "
-          f"x {cfg.train.tasks_per_step} tasks x {cfg.train.group_size}; out: {cfg.out_dir}")
+          f"algo: {algo_cfg(cfg).loss}; mode: {cfg.train.mode}; steps: sft {cfg.sft.steps}, "
+          f"rl {cfg.train.steps} x {cfg.train.tasks_per_step} tasks x {cfg.train.group_size}; "
+          f"out: {cfg.out_dir}")
     print(mtext or "memory plan: a CPU run, not planned")
     for p in problems:
         print(f"PROBLEM: {p}")
@@ -710,13 +732,18 @@ def main(argv=None):
                     "memory plan of a GPU run; do not train")
     ap.add_argument("--nproc-per-node", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                     help="--dry-run: ranks a node the run will have under torchrun (its own flag)")
-    ap.add_argument("--nnodes", type=int, default=int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get(
-                    "LOCAL_WORLD_SIZE", "1")), help="--dry-run: nodes the run will have under torchrun")
-    ap.add_argument("--gpu-gb", type=float, help="--dry-run: each GPU's memory in GiB (default: the visible GPU's, else 80)")
-    ap.add_argument("--host-gb", type=float, help="--dry-run: each host's RAM in GiB (default: this machine's when it has a GPU)")
-    ap.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in <out_dir>/checkpoints")
+    ap.add_argument("--nnodes", type=int, help="--dry-run: nodes the run will have under torchrun",
+                    default=int(os.environ.get("WORLD_SIZE", "1"))
+                    // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    ap.add_argument("--gpu-gb", type=float,
+                    help="--dry-run: each GPU's memory in GiB (default: the visible GPU's, else 80)")
+    ap.add_argument("--host-gb", type=float,
+                    help="--dry-run: each host's RAM in GiB (default: this machine's when it has a GPU)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the newest intact checkpoint in <out_dir>/checkpoints")
     ap.add_argument("--restart", action="store_true",
-                    help="start over in an out_dir that holds a run: the old one is moved to <out_dir>.<date-time>")
+                    help="start over in an out_dir that holds a run: the old one is moved to "
+                         "<out_dir>.<date-time>")
     a = ap.parse_args(argv)
     with distributed.error_said_once():
         try:
@@ -729,13 +756,14 @@ def main(argv=None):
             run(cfg, resume=a.resume, restart=a.restart)
         except TaskError as e:  # nothing loadable: one line, as --dry-run (tests/test_task_folders.py)
             raise SystemExit(f"tasks: {e}") from None
-        except hosts.HostsDown as e:  # every sandbox host silent: the last checkpoint is where --resume starts
+        # every sandbox host silent: the last checkpoint is where --resume starts
+        except hosts.HostsDown as e:
             raise SystemExit(f"stopped: {e}; then resume with --resume")
         except OSError as e:  # a log or adapter write; a checkpoint's says so itself (rundir.save_checkpoint)
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            raise SystemExit(f"stopped: the disk is full ({e.filename or cfg.out_dir}: {e.strerror}); the last "
-                             f"checkpoint is intact: free space, then continue with --resume") from None
+            raise SystemExit(f"stopped: the disk is full ({e.filename or cfg.out_dir}: {e.strerror}); the "
+                             f"last checkpoint is intact: free space, then continue with --resume") from None
 
 
 if __name__ == "__main__":

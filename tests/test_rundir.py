@@ -31,18 +31,21 @@ def test_an_existing_run_is_refused_or_moved_aside_never_clobbered(tmp_path):
     old metrics.jsonl from 38 lines to 0 and overwrote config.yaml."""
     out = tmp_path / "run"
     (out / "checkpoints" / "step_000002").mkdir(parents=True)
-    (out / "metrics.jsonl").write_text("".join(json.dumps({"phase": "rl", "step": i}) + "\n" for i in range(38)))
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"phase": "rl", "step": i}) + "\n"
+                                               for i in range(38)))
     (out / "config.yaml").write_text("the old run's config\n")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(SystemExit, match=r"38 metrics records.*--resume.*--restart"):
         _cli(out)
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before and len(list(tmp_path.iterdir())) == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert len(list(tmp_path.iterdir())) == 1
     with pytest.raises(SystemExit, match="pass one of them"):
         _cli(out, "--resume", "--restart")
     with pytest.raises(SystemExit, match="does not exist"):  # --restart: moved aside first
         _cli(out, "--restart")
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
-    assert len(aside) == 1 and {aside[0] / p.relative_to(out) for p in before} == {  # and the lock it was moved under
+    # every file moved aside, and beside them the lock it was moved under
+    assert len(aside) == 1 and {aside[0] / p.relative_to(out) for p in before} == {
         p for p in aside[0].rglob("*") if p.is_file() and p.name != rundir.LOCK}
     assert all((aside[0] / p.relative_to(out)).read_bytes() == b for p, b in before.items())
     # --resume of a directory without any checkpoint has nothing to continue: it starts over, the old one kept
@@ -64,7 +67,8 @@ time.sleep(600)
 
 def _holder(out: Path, how: str) -> subprocess.Popen:
     """A process that claims `out` as train.py's rank 0 does and goes on holding it."""
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out), how], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out), how], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
     assert proc.stdout.readline() == "locked\n"
     return proc
 
@@ -80,7 +84,8 @@ def test_a_second_process_on_a_run_is_refused_naming_the_writer(tmp_path):
     holders = [_holder(out, "resume"), _holder(fresh, "start")]
     try:
         for flags in (["--resume"], ["--restart"]):
-            with pytest.raises(SystemExit, match=rf"{out} is being written by process {holders[0].pid}: .*Wait for it"):
+            with pytest.raises(SystemExit,
+                               match=rf"{out} is being written by process {holders[0].pid}: .*Wait for it"):
                 _cli(out, *flags)
         with pytest.raises(SystemExit, match=r"already holds a run"):
             _cli(out)
@@ -129,7 +134,8 @@ def test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs(tiny_mode
     def resume():
         path, state = rundir.resume_checkpoint(out / "checkpoints")
         assert state["step"] == int(path.name[5:])
-        assert {p.name: p.read_bytes() for p in out.glob("*.jsonl") if p.stat().st_size} == logs[state["step"]]
+        held = {p.name: p.read_bytes() for p in out.glob("*.jsonl") if p.stat().st_size}
+        assert held == logs[state["step"]]
         return state["step"]
 
     assert resume() == 3  # intact: the logs are cut back to step 3's, nothing else changes
@@ -140,15 +146,18 @@ def test_resume_falls_back_past_corrupt_checkpoints_and_trims_the_logs(tiny_mode
     _append(out / "trajectories.jsonl", [{"step": 4, "episode": 0}])
     assert resume() == 2
     err = capsys.readouterr().err
-    assert "step_000003" in err and "model/model.safetensors does not match the sha256" in err and "falling back" in err
+    assert "step_000003" in err and "model/model.safetensors does not match the sha256" in err
+    assert "falling back" in err
     two = out / "checkpoints" / "step_000002" / "model" / "model.safetensors"
     os.truncate(two, two.stat().st_size // 2)
     assert resume() == 1 and "step_000002: model/model.safetensors does not match" in capsys.readouterr().err
     (out / "checkpoints" / "step_000001" / "trainer.pt").write_bytes(b"")
-    with pytest.raises(SystemExit, match=r"no intact checkpoint.*step_000001: trainer.pt does not match.*--restart"):
+    with pytest.raises(SystemExit,
+                       match=r"no intact checkpoint.*step_000001: trainer.pt does not match.*--restart"):
         rundir.resume_checkpoint(out / "checkpoints")
     # an intact checkpoint's weights are what was saved
-    good = rundir.save_checkpoint(out / "checkpoints", 5, lambda d: learner.save_model(model, tok, d), {"step": 5}, 5)
+    good = rundir.save_checkpoint(out / "checkpoints", 5, lambda d: learner.save_model(model, tok, d),
+                                  {"step": 5}, 5)
     assert rundir.verify_checkpoint(good) is None
     loaded = AutoModelForCausalLM.from_pretrained(good / "model")
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
@@ -176,7 +185,8 @@ def test_sft_checkpoints_resume_before_step_0_and_go_once_it_is_saved(tmp_path):
     (ck / "sft_000006" / "trainer.pt").write_bytes(b"")
     path, state = rundir.resume_checkpoint(ck)
     assert path.name == "sft_000004" and state == {"sft": {"step": 4}}
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
     (ck / ".tmp-sft_000006-999999999").mkdir()  # a save a kill cut short
     rundir.save_checkpoint(ck, 0, write, {"step": 0}, keep_last=2)
     assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_000000"]
@@ -201,13 +211,15 @@ def test_a_model_path_that_cannot_load_says_what_to_do_at_once(tmp_path):
     """Bugs: a hub id without network failed after 55 s with a raw OSError; a missing local path
     got transformers' "Repo id must be in the form ..."."""
     def check(path):
-        cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["model.build_tiny=false", f"model.path={path}"])
+        cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
+                                 ["model.build_tiny=false", f"model.path={path}"])
         t0 = time.monotonic()
         with pytest.raises(SystemExit) as e:
             learner.check_model_path(cfg)
         return str(e.value), time.monotonic() - t0
     msg, took = check("termrl-tests/no-such-model")
-    assert took < 15 and "HF_HUB_OFFLINE" in msg and "local model directory" in msg and "huggingface-cli download" in msg
+    assert took < 15 and "HF_HUB_OFFLINE" in msg and "local model directory" in msg
+    assert "huggingface-cli download" in msg
     msg, _ = check(tmp_path / "no-model-here")
     assert "does not exist" in msg and "Repo id" not in msg
     msg, _ = check("runs/no-model-here")  # shaped like a hub id, meant as a local path
@@ -222,7 +234,8 @@ def small_disk(tmp_path):
     function that leaves only n bytes of it free (a filler file the test removes to free space)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True).returncode:
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)]
+    if subprocess.run(mount, capture_output=True).returncode:
         pytest.skip("mounting a tmpfs needs root")
 
     def leave_free(n: int) -> Path:
@@ -235,7 +248,8 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.parametrize("fails", ["model", "trainer.pt"])
-def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tiny_model_dir, small_disk, fails):
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tiny_model_dir, small_disk,
+                                                                              fails):
     """Bug: a full disk during a checkpoint gave raw tracebacks (SafetensorError ... No space left
     from the model's file, RuntimeError ... unexpected pos from torch.save, which never says disk)
     and left half-written .tmp dirs. On a real full filesystem the save ends the run with one line
@@ -251,16 +265,19 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tin
     state = {"step": 1, "moments": torch.zeros(1 << 20)}  # 4 MiB, as an optimizer's state
 
     def save(step):
-        return rundir.save_checkpoint(root, step, lambda d: learner.save_model(model, tok, d), {**state, "step": step}, 3)
+        return rundir.save_checkpoint(root, step, lambda d: learner.save_model(model, tok, d),
+                                      {**state, "step": step}, 3)
     one = save(1)
     model_bytes = sum(p.stat().st_size for p in (one / "model").iterdir())
     filler = leave_free(64 << 10 if fails == "model" else model_bytes + (1 << 20))
     with pytest.raises(SystemExit) as e:
         save(2)
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith(f"checkpoint step_000002 not saved: the disk holding {root} is full"), msg
+    assert "\n" not in msg, msg
+    assert msg.startswith(f"checkpoint step_000002 not saved: the disk holding {root} is full"), msg
     assert ("SafetensorError" if fails == "model" else "RuntimeError") in msg, msg
-    assert "step_000001 the newest" in msg and msg.endswith("free space there, then continue with --resume."), msg
+    assert "step_000001 the newest" in msg, msg
+    assert msg.endswith("free space there, then continue with --resume."), msg
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]  # no partial files
     assert rundir.verify_checkpoint(one) is None and rundir.latest_checkpoint(root) == one
     filler.unlink()  # room again: the run's next save and its resume work
@@ -287,11 +304,14 @@ def test_a_log_cut_inside_the_last_checkpoint_falls_back_to_one_it_holds(tmp_pat
     path, state = rundir.resume_checkpoint(out / "checkpoints")
     assert state["step"] == 2 and {p.name: p.read_bytes() for p in out.glob("*.jsonl")} == logs[2]
     err = capsys.readouterr().err
-    assert (f"skipping {out / 'checkpoints' / 'step_000003'}: metrics.jsonl holds {len(logs[3]['metrics.jsonl']) - 5} "
-            f"bytes, {len(logs[3]['metrics.jsonl'])} when it was saved: cut short") in err and "falling back" in err
-    metrics.write_bytes(logs[2]["metrics.jsonl"].replace(b'"step": 2', b'"step": 7'))  # same size, other bytes
+    size = len(logs[3]["metrics.jsonl"])
+    assert (f"skipping {out / 'checkpoints' / 'step_000003'}: metrics.jsonl holds {size - 5} "
+            f"bytes, {size} when it was saved: cut short") in err and "falling back" in err
+    # the same size, other bytes
+    metrics.write_bytes(logs[2]["metrics.jsonl"].replace(b'"step": 2', b'"step": 7'))
     assert rundir.resume_checkpoint(out / "checkpoints")[1]["step"] == 1
     assert "metrics.jsonl's first" in capsys.readouterr().err
     os.truncate(out / "trajectories.jsonl", 10)
-    with pytest.raises(SystemExit, match=r"no intact checkpoint.*step_000001: trajectories.jsonl holds 10 bytes.*--restart"):
+    with pytest.raises(SystemExit, match=r"no intact checkpoint.*step_000001: "
+                                         r"trajectories.jsonl holds 10 bytes.*--restart"):
         rundir.resume_checkpoint(out / "checkpoints")

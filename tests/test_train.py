@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- config ---------------------------------------------------------------------------------
 
 def test_config_loads_and_overrides():
-    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["train.steps=3", "train.lr=1e-5", "algo.loss=ppo"])
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
+                             ["train.steps=3", "train.lr=1e-5", "algo.loss=ppo"])
     assert cfg.train.steps == 3 and cfg.train.lr == 1e-5 and cfg.algo["loss"] == "ppo"
     assert cfg.out_dir == "runs/tiny"
 
@@ -56,7 +57,8 @@ def test_config_errors_name_the_key(override, needle):
 def test_generated_kinds_restrict_train_and_eval_tasks():
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["data.generated_kinds=[copy,rename]"])
     train_tasks, held = train.load_task_sets(cfg)
-    assert {t.metadata["kind"] for t in train_tasks} == {t.metadata["kind"] for t in held} == {"copy", "rename"}
+    kinds = {t.metadata["kind"] for t in train_tasks}
+    assert kinds == {t.metadata["kind"] for t in held} == {"copy", "rename"}
     assert not {t.instruction for t in held} & {t.instruction for t in train_tasks}
 
 
@@ -176,7 +178,8 @@ def test_rows_with_zero_gradient_are_skipped_and_the_update_is_unchanged(tiny_mo
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
         if skip:
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-            m = learner.rl_step(model, opt, sched, batch, algo.compute_advantages(batch, acfg), acfg, cfg.train)
+            m = learner.rl_step(model, opt, sched, batch, algo.compute_advantages(batch, acfg), acfg,
+                                cfg.train)
         else:  # the reference: every row in one forward
             lp, _ = logprobs.token_logprobs(model(input_ids=batch.input_ids,
                                                   attention_mask=batch.attention_mask,
@@ -217,7 +220,8 @@ def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir)
     first = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train, keep_old=True)
     torch.testing.assert_close(batch.old_logprobs[m], whole[m], rtol=1e-4, atol=1e-5)
     second = learner.rl_step(model, opt, sched, batch, adv, acfg, cfg.train, keep_old=True)
-    assert first["ratio_min"] == pytest.approx(1.0, abs=1e-5) and first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert first["ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert first["ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert second["ratio_max"] - second["ratio_min"] > 1e-3
 
 
@@ -236,7 +240,8 @@ def _forwarded_rows(model, batch):
 
 
 @pytest.mark.parametrize("case, lora, budget", [
-    ("reinforce", False, 1), ("reinforce", True, 1), ("ppo_tis", False, 45), ("kl", True, 1), ("kl", False, 1)])
+    ("reinforce", False, 1), ("reinforce", True, 1), ("ppo_tis", False, 45), ("kl", True, 1),
+    ("kl", False, 1)])
 def test_pi_old_from_the_first_update_equals_a_separate_pass_bit_for_bit(tiny_model_dir, case, lora, budget):
     """updates_per_step > 1: π_old of the later updates is the first update's own forward, which runs
     before its optimizer step. Two updates that way give the same losses, gradient norms, weights and
@@ -247,11 +252,14 @@ def test_pi_old_from_the_first_update_equals_a_separate_pass_bit_for_bit(tiny_mo
     row's log-probs change in their last bits with the shape of the micro-batch it is forwarded in,
     so the two-pass side feeds the model the same micro-batches: one row each (budget 1), or, where
     every kept row trains, the kept rows (budget 45)."""
-    sets = {"reinforce": ["algo.loss=ipa", "algo.baseline=none", "algo.negative_reward=0.0", "algo.mismatch=chunk_mask"],
+    sets = {"reinforce": ["algo.loss=ipa", "algo.baseline=none", "algo.negative_reward=0.0",
+                          "algo.mismatch=chunk_mask"],
             "ppo_tis": ["algo.loss=ppo", "algo.baseline=grpo", "algo.mismatch=token_tis"],
-            "kl": ["algo.loss=ipa", "algo.baseline=grpo", "algo.mismatch=chunk_mask", "algo.kl_coef=0.1"]}[case]
+            "kl": ["algo.loss=ipa", "algo.baseline=grpo", "algo.mismatch=chunk_mask",
+                   "algo.kl_coef=0.1"]}[case]
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", sets + [
-        f"model.path={tiny_model_dir}", f"model.lora={str(lora).lower()}", f"train.micro_batch_tokens={budget}"])
+        f"model.path={tiny_model_dir}", f"model.lora={str(lora).lower()}",
+        f"train.micro_batch_tokens={budget}"])
     acfg = config.algo_cfg(cfg)
     sampling = dict(temperature=0.7, top_k=50)
     runs = []
@@ -292,7 +300,8 @@ def test_pi_old_from_the_first_update_equals_a_separate_pass_bit_for_bit(tiny_mo
     first = seen[:len(seen) - new[1]["rows_trained"]]  # the forwards before the first optimizer step
     if case == "reinforce":
         assert sorted(first) == [(0, True), (1, False), (2, True), (3, False), (5, True)]
-        assert new[1]["rows_trained"] == 2  # the masked success does not move the weights: not forwarded again
+        # the masked success does not move the weights: not forwarded again
+        assert new[1]["rows_trained"] == 2
     elif case == "ppo_tis":
         assert sorted(first) == [(b, True) for b in kept]
     assert 4 not in {b for b, _ in seen}  # the invalid row is never forwarded
@@ -361,7 +370,8 @@ def test_kl_term_is_k3_to_model_path_weights(tiny_model_dir, lora):
     assert kl > 1e-4 and m["kl_ref"] == pytest.approx(kl, rel=1e-4)
 
 
-def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_model_dir, docker_env, tmp_path):
+def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_model_dir, docker_env,
+                                                                          tmp_path):
     """SFT on 4 copy tasks, validated on 3 others: val_oracle_prob is the mean chance of sampling
     each unseen oracle trajectory exactly (checked against a plain forward); with
     sft.stop_at_val_prob set between two validations, SFT ends at the first one that reaches it."""
@@ -391,7 +401,8 @@ def test_sft_validation_scores_unseen_oracle_trajectories_and_stops_early(tiny_m
     probs = [r.get("val_oracle_prob") for r in recs]
     assert [p is not None for p in probs] == [False, True] * 3
     with ScriptedPolicy(tok, "oracle", tools=rcfg.tools) as oracle:  # rendered as SFT renders them
-        val = rollout.collect(tasks[4:], oracle, docker_env, dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
+        val = rollout.collect(tasks[4:], oracle, docker_env,
+                              dataclasses.replace(rcfg, prefill_prob=0.0, group_redundancy=0),
                               group_size=1, progress=False)
     batch = rollout.make_batch(val, tok.pad_token_id)
     with torch.no_grad():
@@ -479,7 +490,8 @@ for step in steps:
     last = step == steps[-1]
     if last and mode == "before-latest":
         os.rename, os.replace = die_before_latest(os.rename), die_before_latest(os.replace)
-    rundir.save_checkpoint(root, step, lambda d: write_model(d, last and mode == "mid-write"), {"step": step}, 1)
+    rundir.save_checkpoint(root, step, lambda d: write_model(d, last and mode == "mid-write"),
+                           {"step": step}, 1)
     print(f"saved {step}", flush=True)
 """
 
@@ -531,10 +543,11 @@ def test_checkpoint_model_loads_in_transformers_and_peft(tiny_model_dir, tmp_pat
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     for lora in (False, True):
-        cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}", f"model.lora={lora}"])
+        cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
+                                 [f"model.path={tiny_model_dir}", f"model.lora={lora}"])
         model = learner.load_model(cfg, "cpu")
-        ckpt = rundir.save_checkpoint(tmp_path / f"lora{lora}", 1, lambda d: learner.save_model(model, tok, d),
-                                     {"step": 1}, 1)
+        ckpt = rundir.save_checkpoint(tmp_path / f"lora{lora}", 1,
+                                      lambda d: learner.save_model(model, tok, d), {"step": 1}, 1)
         path = ckpt / "model"
         if lora:
             assert (path / "adapter_config.json").exists()
@@ -559,7 +572,8 @@ def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vll
     from chat import ChatFormat
     from engines import Sampling
     from policy import Policy
-    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", [f"model.path={tiny_model_dir}", "model.lora=true"])
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
+                             [f"model.path={tiny_model_dir}", "model.lora=true"])
     stop = ChatFormat(tiny_tokenizer).stop_id
     prompt = tiny_tokenizer.encode("<|im_start|>user\nSay the word<|im_end|>\n<|im_start|>assistant\n")
     ids = torch.tensor([prompt + tiny_tokenizer.encode("banana", add_special_tokens=False) + [stop]])
@@ -568,7 +582,8 @@ def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vll
     batch = algo.Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=loss,
                        imitation_mask=torch.zeros(ids.shape), chunk_ids=(loss - 1).long(),
                        num_chunks=torch.ones(1, dtype=torch.long), infer_logprobs=torch.zeros(ids.shape),
-                       reward=torch.ones(1), valid=torch.ones(1, dtype=torch.bool), group_id=torch.zeros(1, dtype=torch.long),
+                       reward=torch.ones(1), valid=torch.ones(1, dtype=torch.bool),
+                       group_id=torch.zeros(1, dtype=torch.long),
                        policy_version=torch.zeros(1, dtype=torch.long), finish_reason=["submitted"])
     torch.manual_seed(0)
     model = learner.load_model(cfg, "cpu")
@@ -579,7 +594,8 @@ def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vll
 
     def trainer_greedy():
         with torch.no_grad():
-            return model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            return model.generate(torch.tensor([prompt]),
+                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                   do_sample=False, max_new_tokens=12, eos_token_id=stop,
                                   pad_token_id=tiny_tokenizer.pad_token_id)[0, len(prompt):].tolist()
     with model.disable_adapter():
@@ -592,7 +608,8 @@ def test_lora_update_reaches_the_vllm_engine(tiny_model_dir, tiny_tokenizer, vll
             assert policy.generate(prompt, greedy).token_ids == base
             train.sync_weights(model, policy, cfg, tmp_path, 1)
             assert policy.version == 1 and policy.generate(prompt, greedy).token_ids == tuned
-            c = policy.generate(prompt, Sampling(temperature=1.0, max_tokens=12, seed=3, stop_token_ids=(stop,)))
+            c = policy.generate(prompt, Sampling(temperature=1.0, max_tokens=12, seed=3,
+                                                 stop_token_ids=(stop,)))
         finally:  # the engine is shared by the whole session: back to the base model
             policy.load_lora(None, 0)
     seq = torch.tensor([prompt + c.token_ids])
@@ -662,7 +679,8 @@ _TRAJ_KEYS = ("task_name", "group_id", "policy_version", "prefill_k", "messages"
 
 
 def _rows(log: Path) -> list[str]:
-    return [json.dumps({k: r.get(k) for k in _TRAJ_KEYS}, sort_keys=True) for r in map(json.loads, log.read_text().splitlines())]
+    return [json.dumps({k: r.get(k) for k in _TRAJ_KEYS}, sort_keys=True)
+            for r in map(json.loads, log.read_text().splitlines())]
 
 
 # what a metrics record says about the run, without the wall-clock times and host counts
@@ -700,9 +718,10 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model_dir, tmp_pat
     out = tmp_path / "run"
     rl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
           if json.loads(line)["phase"] == "rl"]
-    assert len(rl) == 1 and rl[0]["episodes"] == 4 and rl[0]["success"] == 0.0  # the premise: two SFT steps leave the tiny model solving nothing
-    sft_only, after = (load_file(next((out / "checkpoints" / f"step_{s:06d}" / "model").glob("*.safetensors")))
-                       for s in (0, 1))
+    # the premise: two SFT steps leave the tiny model solving nothing
+    assert len(rl) == 1 and rl[0]["episodes"] == 4 and rl[0]["success"] == 0.0
+    sft_only, after = (load_file(next((out / "checkpoints" / f"step_{s:06d}" / "model")
+                                      .glob("*.safetensors"))) for s in (0, 1))
     assert sft_only.keys() == after.keys()
     for k in sft_only:
         assert torch.equal(sft_only[k], after[k]), f"{k} moved on a batch of failures"
@@ -722,14 +741,15 @@ def test_intermediate_evals_take_eval_samples_mid_and_every_eval_logs_its_interv
                  "eval.samples=2", "eval.samples_mid=1", "checkpoint.every=3", "plot=false"]
     with open(tmp_path / "log", "w") as log:
         proc = subprocess.Popen([sys.executable, "train.py", "--config", "configs/tiny.yaml"]
-                                + sum((["--set", o] for o in overrides), []), cwd=ROOT, stdout=log, stderr=log)
+                                + _sets(overrides), cwd=ROOT, stdout=log, stderr=log)
         timer = threading.Timer(900, proc.kill)  # wait4 itself has no timeout
         timer.start()
         _, status, usage = os.wait4(proc.pid, 0)  # the kernel's own account of the run's memory
         timer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
     assert proc.returncode == 0, (tmp_path / "log").read_text()[-3000:]
-    evals = [rec for rec in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if rec["phase"] == "eval"]
+    evals = [rec for rec in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+             if rec["phase"] == "eval"]
     assert [(e["step"], e["samples"]) for e in evals] == [(0, 2), (1, 1), (2, 1), (3, 2)]
     rows = [json.loads(line) for line in (out / "eval_trajectories.jsonl").read_text().splitlines()]
     assert len(rows) == 3 * (2 + 1 + 1 + 2)
@@ -766,7 +786,7 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
                  "rollout.max_turns=3", "rollout.max_tokens_per_turn=64",
                  "eval.num_tasks=2", "eval.samples=1", "eval.every=0", "checkpoint.every=1",
                  "checkpoint.keep_last=3", "algo.negative_reward=-1.0", f"model.lora={lora}"]
-    cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
+    cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + _sets(overrides)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     whole, out = tmp_path / "whole", tmp_path / "run"
     with open(tmp_path / "whole.log", "w") as wf, open(tmp_path / "first.log", "w") as f:
@@ -776,18 +796,21 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         lock = out / rundir.LOCK
-        while not (lock.exists() and lock.read_text().startswith(f"{proc.pid} ")):  # written once it is locked
+        # the lock file names the writer once it is locked
+        while not (lock.exists() and lock.read_text().startswith(f"{proc.pid} ")):
             assert proc.poll() is None, (tmp_path / 'first.log').read_text()[-3000:]
             time.sleep(0.1)
         # a --resume while the run trains is refused, naming the writer (both wrote, before)
         second = subprocess.run(cmd + ["--set", f"out_dir={out}", "--resume"], cwd=ROOT, env=env, timeout=900,
                                 capture_output=True, text=True)
-        assert second.returncode == 1 and f"{out} is being written by process {proc.pid}" in second.stderr, second.stderr
+        assert second.returncode == 1, second.stderr
+        assert f"{out} is being written by process {proc.pid}" in second.stderr, second.stderr
         # the kill must land after checkpoint 1 and before the run ends: a window of two RL steps
         # (rollout, update, sync, checkpoint: seconds each even on 2 busy cores) against a 0.1 s poll
         deadline = time.time() + 900
         while not (out / "checkpoints" / "step_000001").exists():
-            assert proc.poll() is None, f"the run ended before its first RL checkpoint:\n{(tmp_path / 'first.log').read_text()[-3000:]}"
+            assert proc.poll() is None, ("the run ended before its first RL checkpoint:\n"
+                                         + (tmp_path / "first.log").read_text()[-3000:])
             assert time.time() < deadline
             time.sleep(0.1)
     finally:
@@ -808,7 +831,8 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
             a = _trajectories(whole, step - 1)  # sampled by the policy of step - 1
             b = _trajectories(out, step - 1)[-len(a):]
             differ = [r[:600] for r in sorted(set(a) ^ set(b))[:2]]
-            assert a and sorted(a) == sorted(b), f"step {step}'s rollouts differ (resumed from {resumed_from}): {differ}"
+            assert a and sorted(a) == sorted(b), (f"step {step}'s rollouts differ (resumed from "
+                                                  f"{resumed_from}): {differ}")
         # torch's global generator is left out: the engine in this process owns it during a step (the
         # transformers engine reseeds it per request, in finish order; vLLM CPU draws from it by its
         # own history), so it differs between two runs although python's and numpy's agree; training
@@ -816,7 +840,8 @@ def test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit(lora, tiny_mo
         _same_checkpoint(whole / "checkpoints" / f"step_{step:06d}", out / "checkpoints" / f"step_{step:06d}",
                          skip_rng=("torch",))
     from safetensors.torch import load_file
-    weights = [load_file(next((out / "checkpoints" / f"step_{s:06d}" / "model").glob("*.safetensors"))) for s in range(4)]
+    weights = [load_file(next((out / "checkpoints" / f"step_{s:06d}" / "model").glob("*.safetensors")))
+               for s in range(4)]
     for s, (a, b) in enumerate(zip(weights, weights[1:])):
         assert any(not torch.equal(a[k], b[k]) for k in a), f"RL step {s + 1} did not move the weights"
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", overrides)
@@ -867,8 +892,9 @@ def test_sigkill_during_sft_and_resume_continues_the_unbroken_run_bit_for_bit(ti
     overrides = ["model.build_tiny=false", f"model.path={model}", "engine.kind=hf", "sft.steps=8",
                  "sft.checkpoint_every=2", "sft.num_tasks=6", "sft.batch_size=3", "sft.val_tasks=2",
                  "sft.val_every=1", "sft.stop_at_val_prob=1e-48", "train.steps=1", "train.tasks_per_step=2",
-                 "train.group_size=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=64", "eval.num_tasks=0", "checkpoint.every=1",
-                 "algo.negative_reward=-1.0", "plot=false", "tensorboard=false"]
+                 "train.group_size=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=64",
+                 "eval.num_tasks=0", "checkpoint.every=1", "algo.negative_reward=-1.0", "plot=false",
+                 "tensorboard=false"]
     cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + _sets(overrides)
     whole, out = tmp_path / "whole", tmp_path / "run"
     with open(tmp_path / "whole.log", "w") as wf, open(tmp_path / "first.log", "w") as f:
@@ -899,11 +925,12 @@ def test_sigkill_during_sft_and_resume_continues_the_unbroken_run_bit_for_bit(ti
     assert [r["step"] for r in sft] == list(range(len(sft))) and all("val_oracle_prob" in r for r in sft)
     # val_oracle_prob climbs ~1e-116 -> 1e-38 over the 8 steps: the stop comes after the kill, before the end
     assert killed_at[-1] < len(sft) - 1 and len(sft) < 8, (killed_at, [r["val_oracle_prob"] for r in sft])
-    assert _records(out) == _records(whole), f"resumed from {resumed_from}, killed after SFT steps {killed_at}"
+    assert _records(out) == _records(whole), (resumed_from, killed_at)
     for step in (0, 1):  # the engine draws from torch's generator once RL starts (see the test above)
         a, b = whole / "checkpoints" / f"step_{step:06d}", ckpts / f"step_{step:06d}"
         _same_checkpoint(a, b, skip_rng=("torch",) if step else ())
-    sa, sb = (torch.load(c / "checkpoints" / "step_000000" / "trainer.pt", weights_only=False) for c in (whole, out))
+    sa, sb = (torch.load(c / "checkpoints" / "step_000000" / "trainer.pt", weights_only=False)
+              for c in (whole, out))
     _same_tensors(sa["sft_optimizer"], sb["sft_optimizer"], "step_000000 sft_optimizer")
     assert {float(s["step"]) for s in sb["sft_optimizer"]["state"].values()} == {float(len(sft))}
     for run in (whole, out):  # superseded by the SFT-only start: no disk held for them
@@ -919,7 +946,8 @@ def test_a_run_that_fills_its_disk_stops_in_one_line_and_resumes(tiny_model_dir,
     import shutil
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True).returncode:
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)]
+    if subprocess.run(mount, capture_output=True).returncode:
         pytest.skip("mounting a tmpfs needs root")
     try:
         model = shutil.copytree(tiny_model_dir, tmp_path / "tiny")
@@ -929,7 +957,7 @@ def test_a_run_that_fills_its_disk_stops_in_one_line_and_resumes(tiny_model_dir,
                      "train.group_size=2", "train.updates_per_step=1", "rollout.max_turns=2",
                      "rollout.max_tokens_per_turn=32", "eval.num_tasks=0", "checkpoint.every=1",
                      "checkpoint.keep_last=3", "algo.negative_reward=-1.0", "tensorboard=false", "plot=false"]
-        cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + sum((["--set", o] for o in overrides), [])
+        cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml"] + _sets(overrides)
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         said = [ln for ln in first.stderr.splitlines() if "is full" in ln]
@@ -941,10 +969,13 @@ def test_a_run_that_fills_its_disk_stops_in_one_line_and_resumes(tiny_model_dir,
         assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000000"]
         assert rundir.verify_checkpoint(ckpts / "step_000000") is None
         subprocess.run(["mount", "-o", "remount,size=256m", str(disk)], check=True)  # room again
-        second = subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        second = subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=900)
         assert second.returncode == 0, second.stderr[-3000:]
-        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000000", "step_000001", "step_000002"]
-        assert [(r["phase"], r["step"]) for r in _records(out)] == [("sft", 0), ("sft", 1), ("rl", 1), ("rl", 2)]
+        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000000", "step_000001",
+                                                           "step_000002"]
+        assert [(r["phase"], r["step"]) for r in _records(out)] == [("sft", 0), ("sft", 1), ("rl", 1),
+                                                                    ("rl", 2)]
         assert len(_rows(out / "trajectories.jsonl")) == 2 * 2 * 2
     finally:
         subprocess.run(["umount", "-l", str(disk)])
@@ -954,11 +985,11 @@ def test_a_run_that_fills_its_disk_stops_in_one_line_and_resumes(tiny_model_dir,
 
 # 3 tasks and 3 SFT rows: uneven shares, so the ranks run different numbers of micro-batches
 TORCHRUN_OVERRIDES = ["model.build_tiny=false", "engine.kind=hf", "sft.steps=2", "sft.checkpoint_every=1",
-                      "sft.num_tasks=4", "sft.batch_size=3",
-                      "sft.val_tasks=2", "train.tasks_per_step=3", "train.group_size=2", "train.micro_batch_tokens=300",
-                      "algo.negative_reward=-1.0", "rollout.max_turns=2", "rollout.prefill_prob=1.0",
-                      "rollout.refresh_expert=true", "eval.num_tasks=0", "checkpoint.every=1", "checkpoint.keep_last=5",
-                      "plot=false", "tensorboard=false"]
+                      "sft.num_tasks=4", "sft.batch_size=3", "sft.val_tasks=2", "train.tasks_per_step=3",
+                      "train.group_size=2", "train.micro_batch_tokens=300", "algo.negative_reward=-1.0",
+                      "rollout.max_turns=2", "rollout.prefill_prob=1.0", "rollout.refresh_expert=true",
+                      "eval.num_tasks=0", "checkpoint.every=1", "checkpoint.keep_last=5", "plot=false",
+                      "tensorboard=false"]
 
 
 def _torchrun(nodes: int, args: list, log: Path, per_node=((), ())) -> list:
@@ -972,14 +1003,14 @@ def _torchrun(nodes: int, args: list, log: Path, per_node=((), ())) -> list:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        launches = [["--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-                     "--master-port", str(port)] for k in range(2)]
+        launches = [["--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1",
+                     "--master-addr", "127.0.0.1", "--master-port", str(port)] for k in range(2)]
     procs = []
     for k, launch in enumerate(launches):
         with open(f"{log}.{k}", "w") as f:
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", *launch, "train.py", "--config", "configs/tiny.yaml",
-                 *args, *per_node[k]],
+                [sys.executable, "-m", "torch.distributed.run", *launch, "train.py",
+                 "--config", "configs/tiny.yaml", *args, *per_node[k]],
                 cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=f, stderr=subprocess.STDOUT))
     return procs
 
@@ -991,11 +1022,13 @@ def _sets(keys: list) -> list:
 def _ended(procs: list, log: Path) -> tuple[list, str]:
     """(each launch's exit status, their output) once all have ended."""
     codes = [p.wait(900) for p in procs]
-    return codes, "".join(f"--- node {k}\n" + Path(f"{log}.{k}").read_text()[-4000:] for k in range(len(procs)))
+    return codes, "".join(f"--- node {k}\n" + Path(f"{log}.{k}").read_text()[-4000:]
+                          for k in range(len(procs)))
 
 
 def _shard_writers(dcp_dir: Path) -> dict:
-    """{top-level key ("model", "optimizer", ...): the shard files holding its bytes}, from DCP's .metadata."""
+    """{top-level key ("model", "optimizer", ...): the shard files holding its bytes}, from DCP's
+    .metadata."""
     import pickle
     with open(dcp_dir / ".metadata", "rb") as f:
         meta = pickle.load(f)
@@ -1027,10 +1060,12 @@ def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, nodes, tin
     shutil.copytree(tiny_model_dir, model)
     out, whole = tmp_path / "run", tmp_path / "whole"
     overrides = TORCHRUN_OVERRIDES + [f"model.path={model}", f"train.parallel={parallel}"]
-    unbroken = _torchrun(nodes, _sets(overrides + ["train.steps=2", f"out_dir={whole}"]), tmp_path / "whole.log")
+    unbroken = _torchrun(nodes, _sets(overrides + ["train.steps=2", f"out_dir={whole}"]),
+                         tmp_path / "whole.log")
     out.mkdir()  # an old run, without a checkpoint: --restart moves it aside
     (out / "metrics.jsonl").write_text("{}\n")
-    for leg, extra in enumerate((["--restart", "--set", "train.steps=1"], ["--resume", "--set", "train.steps=2"])):
+    legs = (["--restart", "--set", "train.steps=1"], ["--resume", "--set", "train.steps=2"])
+    for leg, extra in enumerate(legs):
         log = tmp_path / f"leg{leg}.log"
         codes, said = _ended(_torchrun(nodes, _sets(overrides + [f"out_dir={out}"]) + extra, log), log)
         assert codes == [0] * nodes, said
@@ -1062,7 +1097,8 @@ def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, nodes, tin
             assert distributed.weights_fingerprint(exported) == fps[0]
         digests.append(fps[0][2])
         if step:  # the resumed run is where the unbroken one is, and so is the leg before the kill
-            _same_checkpoint(whole / "checkpoints" / ck.name, ck, skip_rng=("torch",))  # the engine's (see above)
+            # torch's generator is the engine's (see above)
+            _same_checkpoint(whole / "checkpoints" / ck.name, ck, skip_rng=("torch",))
     assert len(set(digests)) == 4, "SFT and each RL step must move the weights"
     # another world size: this one process reads the two ranks' shards into its own model and AdamW
     ck = out / "checkpoints" / "step_000001"
@@ -1073,26 +1109,33 @@ def test_torchrun_two_ranks_move_in_step_and_resume_exactly(parallel, nodes, tin
     _same_tensors({n: p.detach() for n, p in one.named_parameters()}, {n: saved["model"][n] for n, _ in
                   one.named_parameters()}, "one process's weights")
     _same_tensors({n: opt.state[p] for n, p in one.named_parameters()},
-                  {n: saved["optimizer"]["state"][n] for n, _ in one.named_parameters()}, "one process's AdamW")
+                  {n: saved["optimizer"]["state"][n] for n, _ in one.named_parameters()},
+                  "one process's AdamW")
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["step"]) for r in recs] == [("sft", 0), ("sft", 1), ("rl", 1), ("rl", 2)]
     assert all(r["grad_norm"] > 0 and r["rows_trained"] > 0 for r in recs[2:])
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", overrides)
     tasks, _ = train.load_task_sets(cfg)
-    assert [r["tasks"] for r in recs[2:]] == [[t.name for t in train.step_tasks(tasks, s, 3, 0)] for s in (0, 1)]
+    assert [r["tasks"] for r in recs[2:]] == [[t.name for t in train.step_tasks(tasks, s, 3, 0)]
+                                             for s in (0, 1)]
     assert all(r["episodes"] == 6 and len(r["time/train_ranks"]) == 2 for r in recs[2:])
     # the experts at each checkpoint: the shortest success on each task by any rank so far
-    rows = [json.loads(line) for k in range(2) for line in (out / f"trajectories.rank{k}.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for k in range(2)
+            for line in (out / f"trajectories.rank{k}.jsonl").read_text().splitlines()]
     for step in (1, 2):
-        experts = torch.load(out / "checkpoints" / f"step_{step:06d}" / "trainer.pt", weights_only=False)["experts"]
-        solved = {r["task_name"] for r in rows if r["valid"] and (r["reward"] or 0) > 0 and r["policy_version"] < step}
+        experts = torch.load(out / "checkpoints" / f"step_{step:06d}" / "trainer.pt",
+                             weights_only=False)["experts"]
+        solved = {r["task_name"] for r in rows
+                  if r["valid"] and (r["reward"] or 0) > 0 and r["policy_version"] < step}
         assert set(experts) == solved, (step, sorted(experts), sorted(solved))
-    assert len({r["task_name"] for r in rows if (r["reward"] or 0) > 0}) >= 2  # else the check above says little
+    # else the check above says little
+    assert len({r["task_name"] for r in rows if (r["reward"] or 0) > 0}) >= 2
     # a group id names one task across all ranks (bug: every rank numbered its share from the same
     # id, so its sampling seeds, drawn from a stream keyed by that id, were the other ranks' too)
     task_of = {}
     for r in rows:
-        assert task_of.setdefault((r["policy_version"], r["group_id"]), r["task_name"]) == r["task_name"], r["group_id"]
+        named = task_of.setdefault((r["policy_version"], r["group_id"]), r["task_name"])
+        assert named == r["task_name"], r["group_id"]
 
 
 @pytest.mark.slow
@@ -1109,8 +1152,8 @@ def test_nodes_that_see_different_run_dirs_stop_at_once(tiny_model_dir, tmp_path
     assert codes[0] != 0 and codes[1] != 0, said
     for k in range(2):
         node = Path(f"{log}.{k}").read_text()
-        assert node.count(f"rank 1 on {socket.gethostname()}: {tmp_path}/b does not hold what rank 0 wrote in "
-                          f"{tmp_path}/a") == 1, said
+        assert node.count(f"rank 1 on {socket.gethostname()}: {tmp_path}/b does not hold what rank 0 "
+                          f"wrote in {tmp_path}/a") == 1, said
     assert not (tmp_path / "a" / "checkpoints").exists()  # stopped before SFT
 
 
@@ -1124,6 +1167,7 @@ def test_the_engines_cpu_kv_cache_is_the_configs_in_fractions_of_a_gib(tiny_mode
             "e = train.make_engine(cfg, cfg.model.path, 'cpu')\n"
             "print('KV', e.engine.vllm_config.cache_config.kv_cache_memory_bytes)\n")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"KV {2 ** 28}" in r.stdout, r.stdout[-2000:]
