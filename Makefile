@@ -7,6 +7,7 @@ setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
 
 test: setup
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q
 
 # the real pretrained model (README "A real model on CPU"); the fetch does nothing once done

@@ -77,7 +77,7 @@ command -v "$PYTHON" >/dev/null 2>&1 || apt_install python3 python3-pip
   || die "$PYTHON is $("$PYTHON" -V 2>&1); termrl needs Python >= 3.11"
 MISSING=$("$PYTHON" - <<'EOF'
 import importlib.util
-mods = ["vllm", "torch", "transformers", "tokenizers", "peft", "gguf", "docker", "tqdm", "yaml", "matplotlib", "pytest"]
+mods = ["vllm", "torch", "transformers", "tokenizers", "peft", "gguf", "docker", "tqdm", "yaml", "matplotlib", "pytest", "ruff"]
 print(" ".join(m for m in mods if importlib.util.find_spec(m) is None))
 EOF
 )
