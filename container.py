@@ -21,7 +21,8 @@ from pathlib import Path
 from inspection import cgroup_pids, descendants, overlay_changes, proc_stat, repair_dev_null
 
 LABEL = "termrl"  # every container and image we create carries this label
-# A root shell working on its own files needs these; everything else (mount, ptrace, raw net...) stays dropped.
+# A root shell working on its own files needs these; everything else (mount, ptrace, raw net...) stays
+# dropped.
 CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID", "NET_BIND_SERVICE"]
 FLOOD_LIMIT = 32 << 20      # a command that streams more than this is killed like a timed-out one
 
@@ -65,7 +66,8 @@ def _pid_namespace() -> str:
 
 def owner_labels() -> dict:
     return {LABEL: "1", f"{LABEL}.pid": str(os.getpid()), f"{LABEL}.pidstart": _proc_start(os.getpid()),
-            f"{LABEL}.host": socket.gethostname(), f"{LABEL}.boot": _boot_id(), f"{LABEL}.pidns": _pid_namespace()}
+            f"{LABEL}.host": socket.gethostname(), f"{LABEL}.boot": _boot_id(),
+            f"{LABEL}.pidns": _pid_namespace()}
 
 
 def _is_stale(labels: dict) -> bool:
@@ -74,7 +76,8 @@ def _is_stale(labels: dict) -> bool:
         return False  # another machine shares this daemon; its containers are not ours to judge
     if labels.get(f"{LABEL}.pidns", _pid_namespace()) != _pid_namespace():
         # a container beside us with the host's name (host networking), e.g. another node's trainer:
-        # its pids are not ours to look up (tests/test_env.py::test_sweep_spares_live_containers_of_another_pid_namespace)
+        # its pids are not ours to look up
+        # (tests/test_env.py::test_sweep_spares_live_containers_of_another_pid_namespace)
         return False
     if labels.get(f"{LABEL}.boot") != _boot_id():
         return True
@@ -246,8 +249,8 @@ def bash_exec(client, cid: str, cmd: str, timeout: float, workdir: str, env: dic
     """`bash -c cmd` in a fresh process of the container (not the agent's shell): (exit code, output
     as text), the deadline kept from the host as docker_exec keeps it. host_pid is the container's
     init on this machine, None for a daemon on another machine (its processes killed from inside)."""
-    code, out = docker_exec(client, cid, ["bash", "-c", cmd], timeout, env=env, workdir=workdir, cgroup=cgroup,
-                            host_pid=host_pid, kill_inside=host_pid is None)
+    code, out = docker_exec(client, cid, ["bash", "-c", cmd], timeout, env=env, workdir=workdir,
+                            cgroup=cgroup, host_pid=host_pid, kill_inside=host_pid is None)
     return code, out.decode("utf-8", "replace")
 
 
@@ -268,12 +271,15 @@ def _kill_exec(api, exec_id: str, cgroup: dict):
 # the first child of init (the sleep that keeps the container up), this script's own ancestry and,
 # when TERMRL_FLOOR and TERMRL_SHELL are set (grading.stop_agent), what the image's ENTRYPOINT
 # started: pids at or below the floor no younger than the agent's shell (as grading._image_processes).
-KILL_INSIDE = r"""_field() { n=$2; { read -r s </proc/$1/stat; } 2>/dev/null || return; s=${s##*") "}; set -- $s; eval echo \${$n}; }
+KILL_INSIDE = r"""_field() { n=$2; { read -r s </proc/$1/stat; } 2>/dev/null || return; s=${s##*") "}
+  set -- $s; eval echo \${$n}; }
 keep=" 1 $$ $PPID $(_field $PPID 2) "
-first=$(for p in /proc/[0-9]*; do [ "$(_field ${p#/proc/} 2)" = 1 ] && echo ${p#/proc/}; done | sort -n | head -1)
+first=$(for p in /proc/[0-9]*; do [ "$(_field ${p#/proc/} 2)" = 1 ] && echo ${p#/proc/}; done |
+  sort -n | head -1)
 shell=$(_field "${TERMRL_SHELL:-0}" 20)
 if [ -n "${TERMRL_FLOOR:-}" ] && [ -n "$shell" ]; then for p in /proc/[0-9]*; do p=${p#/proc/}
-  b=$(_field $p 20); [ "$p" -le "$TERMRL_FLOOR" ] && [ -n "$b" ] && [ "$b" -le "$shell" ] && keep="$keep$p "; done; fi
+  b=$(_field $p 20)
+  [ "$p" -le "$TERMRL_FLOOR" ] && [ -n "$b" ] && [ "$b" -le "$shell" ] && keep="$keep$p "; done; fi
 for sig in STOP STOP STOP KILL; do for p in /proc/[0-9]*; do p=${p#/proc/}
   case "$keep $first " in *" $p "*) ;; *) kill -$sig $p 2>/dev/null;; esac; done; done; true"""
 

@@ -31,14 +31,16 @@ from terminal import OUTPUT_CAP, Terminal
 
 FILE_SIZE_LIMIT = 1 << 30   # RLIMIT_FSIZE in containers: one runaway `yes > f` cannot fill the host disk
 CONTAINER_CALL_TIMEOUT_S = 60  # the Docker client's timeout for calls about one container (not builds)
-DISK_CHECK_S = 0.5          # the disk watchdog's period, where the storage driver has no quota (README "Disk cap")
+# the disk watchdog's period, where the storage driver has no quota (README "Disk cap")
+DISK_CHECK_S = 0.5
 
 
 
 def _context_files(task: Task) -> list[tuple[str, Path]]:
     """The build context's files, checked again as the loader checked them (safe_files): a folder
     changed after load, a file swapped for a link to a host file, is a TaskError here, not a host
-    file in the image (tests/test_task_folders.py::test_a_context_file_linked_out_after_load_is_refused_at_build)."""
+    file in the image
+    (tests/test_task_folders.py::test_a_context_file_linked_out_after_load_is_refused_at_build)."""
     ctx = task.build_context
     skip = HIDDEN_FILES if task.layout == "tb1" else set()
     return [(str(p.relative_to(ctx)), p) for p in safe_files(ctx, task.path or ctx)
@@ -66,6 +68,20 @@ def _connect(docker, h: Host, max_starts: int) -> str | None:
         return None
     except Exception as e:
         return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def _connect_all(docker, pool: HostPool, max_starts: int) -> list[Host]:
+    """The hosts of pool that answer, connected (_connect), the others drained; InfraError naming each
+    host's own error when none answers."""
+    for h in pool.hosts:
+        if why := _connect(docker, h, max_starts):
+            pool.drain(h, why)
+    live = [h for h in pool.hosts if h.up]
+    if not live:
+        raise InfraError("cannot reach the Docker daemon"
+                         + "".join(f"; {h.name}: {h.why}" for h in pool.hosts)
+                         + " (run `bash scripts/setup.sh` for this machine's)")
+    return live
 
 
 def _networks(live: list, build: str, agent: str, grading: str) -> tuple[str, str, str]:
@@ -105,7 +121,8 @@ def _sweep_own(h: Host, token: str, live: dict):
     outlived the outage (still running) goes on serving its open terminal (`live`, by id: adopted)
     or is removed by label; one that stopped or vanished with its daemon is counted lost (failed).
     Then stale containers (tests/test_hosts.py::test_a_daemon_stopped_shorter_than_the_wait_*)."""
-    held = {c["Id"]: c.get("State") for c in h.client.api.containers(all=True, filters={"label": f"{LABEL}.env={token}"})}
+    mine = h.client.api.containers(all=True, filters={"label": f"{LABEL}.env={token}"})
+    held = {c["Id"]: c.get("State") for c in mine}
     for cid, state in held.items():
         if state == "running" and cid in live:
             live[cid].adopt()
@@ -180,12 +197,13 @@ class _Images:
                     try:
                         host.client.api.load_image(src.client.api.get_image(tag))
                     except Exception as e:
-                        raise InfraError(f"copying image {tag} from host {src.name} to {host.name} failed: {e}") from None
+                        raise InfraError(f"copying image {tag} from host {src.name} to {host.name} "
+                                         f"failed: {e}") from None
                 elif build is not None:
                     build()
                 else:
-                    raise InfraError(f"image {tag} is not available locally (host {host.name}) nor on another live host; "
-                                     "run `bash scripts/setup.sh` to seed it") from None
+                    raise InfraError(f"image {tag} is not available locally (host {host.name}) nor on "
+                                     "another live host; run `bash scripts/setup.sh` to seed it") from None
             except Exception as e:
                 raise InfraError(f"docker host {host.name}: error while looking up {tag}: {e}") from None
             host.images[tag] = tag
@@ -203,8 +221,8 @@ class _Images:
                     dockerfile=str(task.dockerfile.relative_to(task.build_context)), labels={LABEL: "1"},
                     network_mode=self.build_network, timeout=int(task.build_timeout_s)):
                 if "error" in chunk:
-                    raise BuildError(f"building {task.name} ({task.dockerfile}) failed: {chunk['error'].strip()}\n"
-                                     + "".join(log[-20:]))
+                    raise BuildError(f"building {task.name} ({task.dockerfile}) failed: "
+                                     f"{chunk['error'].strip()}\n" + "".join(log[-20:]))
                 log.append(chunk.get("stream", ""))
         except InfraError:
             raise
@@ -219,8 +237,10 @@ class _WarmPool:
 
     def __init__(self, warm: int, max_pools: int):
         self.warm, self.max_pools = warm, max_pools
-        self.ready: dict[tuple, list[Terminal]] = {}  # container config -> ready terminals (any host), least recent first
-        self.starting: dict[tuple, int] = defaultdict(int)  # (config, host name) -> starts under way for the pool
+        # container config -> ready terminals (any host), least recent first
+        self.ready: dict[tuple, list[Terminal]] = {}
+        # (config, host name) -> starts under way for the pool
+        self.starting: dict[tuple, int] = defaultdict(int)
         self._resets: dict[tuple, int] = defaultdict(int)
         self._warmed: set[tuple] = set()
 
@@ -246,10 +266,12 @@ class _WarmPool:
         return term, evicted
 
     def deficit(self, hosts: list):
-        """(config, host) of a pool short of `warm` containers (started or starting) on a host with room, or None."""
+        """(config, host) of a pool short of `warm` containers (started or starting) on a host with room,
+        or None."""
         for k, v in self.ready.items():
             for h in hosts:
-                if h.free() and _fits(h, k) and sum(t.host is h for t in v) + self.starting[k, h.name] < self.warm:
+                held = sum(t.host is h for t in v) + self.starting[k, h.name]
+                if h.free() and _fits(h, k) and held < self.warm:
                     return k, h
         return None
 
@@ -301,17 +323,12 @@ class Env:
         self._max_starts = max_concurrent_starts  # per host
         specs = [parse_host(h) for h in hosts or [""]]
         if len({s.name for s in specs}) < len(specs):
-            raise ValueError(f"env.hosts: two hosts share a name ({[s.name for s in specs]}); add name=X to one")
+            raise ValueError(f"env.hosts: two hosts share a name ({[s.name for s in specs]}); "
+                             "add name=X to one")
         self._lock = threading.Condition()
         self._hosts = HostPool([Host(s) for s in specs], self._lock, hosts_down_wait_s)
         self._token = os.urandom(6).hex()  # labels this Env's containers: a rejoining host is swept of them
-        for h in self._hosts.hosts:
-            if why := _connect(self._docker, h, self._max_starts):
-                self._hosts.drain(h, why)
-        live = [h for h in self._hosts.hosts if h.up]
-        if not live:
-            raise InfraError("cannot reach the Docker daemon" + "".join(f"; {h.name}: {h.why}" for h in self._hosts.hosts)
-                             + " (run `bash scripts/setup.sh` for this machine's)")
+        live = _connect_all(self._docker, self._hosts, self._max_starts)
         self.client = live[0].client  # the first live host's: image lookups, `tasktool.py shell`
         self.output_cap = output_cap
         self.build_network, self.agent_network, self.grading_network = _networks(
@@ -325,7 +342,8 @@ class Env:
         self._terms = weakref.WeakSet()  # every terminal started here (the disk watchdog's list)
         self.swept = sum(sweep_stale(h.client) for h in live)
         install_cleanup()
-        self._fillers = [threading.Thread(target=self._fill_loop, daemon=True) for _ in range(min(2, max_concurrent_starts))]
+        self._fillers = [threading.Thread(target=self._fill_loop, daemon=True)
+                         for _ in range(min(2, max_concurrent_starts))]
         self._fillers += [threading.Thread(target=self._disk_loop, daemon=True),
                           threading.Thread(target=self._host_loop, daemon=True)]
         for th in self._fillers:
@@ -375,7 +393,7 @@ class Env:
             time.sleep(CHECK_EVERY_S)
 
     def host_stats(self) -> dict:
-        """Per host: running / failed containers, up, mean start latency since the last call (metrics.jsonl)."""
+        """Per host: running / failed containers, up, mean start latency lately (metrics.jsonl)."""
         return self._hosts.stats()
 
     def hosts_postfix(self) -> str:
@@ -420,8 +438,9 @@ class Env:
         HostsDown when none of them answers)."""
         fit = [h for h in self._hosts.hosts if _fits(h, key)]
         if not fit:
-            raise InfraError(f"the task needs Docker host labels {list(key[8])}; no host in env.hosts has them all "
-                             f"({', '.join(f'{h.name}: {h.spec.labels}' for h in self._hosts.hosts)})")
+            raise InfraError(f"the task needs Docker host labels {list(key[8])}; no host in env.hosts has "
+                             "them all (" + ", ".join(f"{h.name}: {h.spec.labels}" for h in self._hosts.hosts)
+                             + ")")
         with self._lock:
             if self._closed or SHUTDOWN.is_set():
                 raise InfraError("Env is closed" if self._closed else "shutting down (SIGINT/SIGTERM)")
@@ -438,7 +457,8 @@ class Env:
                     raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
                 self._images.ensure(image, host)
                 try:
-                    cid = _create(client, key, {**owner_labels(), f"{LABEL}.env": self._token}, host.disk_quota)
+                    labels = {**owner_labels(), f"{LABEL}.env": self._token}
+                    cid = _create(client, key, labels, host.disk_quota)
                 except self._docker.errors.APIError as e:
                     if not (host.disk_quota and "storage" in str(e).lower()):
                         raise
@@ -449,10 +469,12 @@ class Env:
                 if SHUTDOWN.is_set():  # the signal's cleanup may have run before this container existed
                     raise InfraError("shutting down (SIGINT/SIGTERM): no new containers")
                 term = Terminal(
-                    client, cid, key, self.output_cap, host, host_answers=partial(self.check_host, host, fresh=True),
+                    client, cid, key, self.output_cap, host,
+                    host_answers=partial(self.check_host, host, fresh=True),
                     drain_host=partial(self.drain, host), on_close=partial(self._hosts.release, host),
                     harness_runs=self.harness_runs, grading_network=self.grading_network,
-                    multi_reward=self.multi_reward, disk_cap_mb=disk_mb, disk_quota=host.disk_quota, network=net)
+                    multi_reward=self.multi_reward, disk_cap_mb=disk_mb, disk_quota=host.disk_quota,
+                    network=net)
                 self._terms.add(term)
                 with self._lock:
                     host.starts, host.start_s = host.starts + 1, host.start_s + time.monotonic() - t0
@@ -469,13 +491,14 @@ class Env:
         if not isinstance(err, BuildError) and not self.check_host(host, fresh=True):
             with self._lock:
                 host.failed += 1
-            raise HostDown(f"docker host {host.name} stopped answering while starting a container: {err}") from None
+            raise HostDown(f"docker host {host.name} stopped answering while starting a container: "
+                           f"{err}") from None
         if isinstance(err, InfraError):
             raise err
         raise InfraError(f"starting a container from {image} on {host.name} failed: {err}") from None
 
     def _start_placed(self, key: tuple) -> Terminal:
-        """_start on the least loaded live host, again elsewhere while a host fails (HostsDown when none is left)."""
+        """_start on the least loaded live host, elsewhere while a host fails (HostsDown: none left)."""
         while True:
             try:
                 return self._start(key, self._place(key))
@@ -550,7 +573,8 @@ class Env:
             if r.exit_code != 0:
                 term.close()
                 if term.lost():
-                    raise HostDown(f"docker host {term.host.name} stopped answering during task {task.name}'s setup")
+                    raise HostDown(f"docker host {term.host.name} stopped answering during task "
+                                   f"{task.name}'s setup")
                 raise InfraError(f"task {task.name}: setup failed (exit {r.exit_code}): {r.output[-500:]}")
         return term
 

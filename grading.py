@@ -1,9 +1,11 @@
 """grading.py — how an episode is judged: stop the agent, check the verifier's toolchain, run the hidden tests
-in the terminal, score; and settle, the one place that decides how an episode ended once the environment has a say.
+in the terminal, score; and settle, the one place that decides how an episode ended once the environment has a
+say.
 
-grade(term) is a function of a terminal.Terminal (the Docker host, the harness recheck on a fresh container and
-the grading network come with the terminal). An episode that tampered with grading gets reward 0 and evidence
-(docs/grading-integrity.md, tests/test_tampering.py); infra_error only when the infrastructure failed.
+grade(term) is a function of a terminal.Terminal (the Docker host, the harness recheck on a fresh container
+and the grading network come with the terminal). An episode that tampered with grading gets reward 0 and
+evidence (docs/grading-integrity.md, tests/test_tampering.py); infra_error only when the infrastructure
+failed.
 """
 from __future__ import annotations
 
@@ -21,10 +23,10 @@ from dataclasses import dataclass, field
 
 import docker
 
-from container import (KILL_INSIDE, LABEL, Capped, HostDown, InfraError, bash_exec, changes, owner_labels, register,
-                       remove)
-from inspection import (ReadWatch, cgroup_dirs, describe, exists_in_root, first_child, names_container, proc_stat,
-                        read_in_root, services, write_new_dir, zombie)
+from container import (KILL_INSIDE, LABEL, Capped, HostDown, InfraError, bash_exec, changes, owner_labels,
+                       register, remove)
+from inspection import (ReadWatch, cgroup_dirs, describe, exists_in_root, first_child, names_container,
+                        proc_stat, read_in_root, services, write_new_dir, zombie)
 from task_folders import Task
 from terminal import OUTPUT_CAP
 
@@ -53,22 +55,24 @@ class Grade:
 # What a harness prints when it cannot download its runner (curl, pip, uv, apt's "Temporary failure
 # resolving", DNS).
 _NO_NETWORK = re.compile(r"^.*(Could not resolve|Temporary failure (in name )?resol|Network is unreachable|"
-                         r"Failed to establish a new connection|failed to lookup address|dns error).*$", re.M | re.I)
+                         r"Failed to establish a new connection|failed to lookup address|dns error).*$",
+                         re.M | re.I)
 # Where the verifier's input and output live: a process of the agent that names them is tampering.
 _VERIFIER_PATHS = re.compile(r"/tests\b|/logs/verifier|reward\.(txt|json)")
 RUNNER_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
-# Programs every test harness may run, besides the words of the task's own test scripts.
+# Programs every test harness may run, besides the words of the task's own test scripts (rm, mkdir:
+# verify's clean step; sleep: what keeps a GradingBox up).
 _HARNESS_PROGRAMS = {"bash", "sh", "dash", "env", "timeout", "python", "python3", "pytest", "pytest-3",
-                     "py.test", "pip", "pip3", "uv", "uvx", "rm", "mkdir", "sleep"}  # rm, mkdir: verify's clean
-# step; sleep: what keeps a GradingBox up
-_RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py", "pluggy.py"}
+                     "py.test", "pip", "pip3", "uv", "uvx", "rm", "mkdir", "sleep"}
+_RUNNER_PACKAGES = {"pytest", "_pytest", "pluggy", "iniconfig", "pytest.py", "_pytest.py", "py.py",
+                    "pluggy.py"}
 # The packages pytest 7-8 imports at start-up, in a Python package directory (a project's own `py/`
 # or `packaging/` is not on the runner's path: PYTHONSAFEPATH).
-_RUNNER_DEPS = re.compile(r"/python[\d.]*/(dist|site)-packages/(py|attrs?|packaging|exceptiongroup|tomli|colorama|"
-                          r"more_itertools)(\.py|/|$)")
+_RUNNER_DEPS = re.compile(r"/python[\d.]*/(dist|site)-packages/(py|attrs?|packaging|exceptiongroup|tomli|"
+                          r"colorama|more_itertools)(\.py|/|$)")
 # The shared libraries the shell and the interpreter load, wherever a copy of one is added or changed.
-_CLOSURE_LIBS = re.compile(r"(ld-linux[^/]*|ld64[^/]*|lib(c|m|dl|pthread|rt|util|tinfo|readline|ncursesw?|python3[^/]*|z|"
-                           r"expat|ffi|crypt|ssl|crypto|sqlite3|bz2|lzma|uuid|mpdec|nss_[a-z]+)\.so[.\d]*)")
+_CLOSURE_LIBS = re.compile(r"(ld-linux[^/]*|ld64[^/]*|lib(c|m|dl|pthread|rt|util|tinfo|readline|ncursesw?|"
+                           r"python3[^/]*|z|expat|ffi|crypt|ssl|crypto|sqlite3|bz2|lzma|uuid|mpdec|nss_[a-z]+)\.so[.\d]*)")
 _INSTALLER_CONFIGS = {"pip.conf", "uv.toml", ".pydistutils.cfg", ".npmrc", ".condarc"}
 _BIN_DIRS = ("/usr/local/sbin/", "/usr/local/bin/", "/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/")
 
@@ -79,7 +83,8 @@ def grade(term) -> Grade:
     reward: 1/0 from the test exit code (TB1, generated) or reward.txt/json (TB2). An episode
     that tampered with grading gets reward 0 and `tampered` evidence; infra_error (reward None)
     only when Docker failed, the container was lost to the infrastructure (`lost`), or grading
-    failed and the harness fails on a fresh container too (blame; tests/test_tampering.py, tests/test_hosts.py)."""
+    failed and the harness fails on a fresh container too (blame; tests/test_tampering.py,
+    tests/test_hosts.py)."""
     if not term.host_ok():
         return Grade(infra_error=term.lost())
     try:
@@ -111,7 +116,8 @@ def blame(term, failure: str, g: Grade | None = None) -> Grade:
     test_grading_failure_after_the_agent_acted_is_the_agents and the test after it)."""
     tests, output, rewards = (g.tests, g.output, g.rewards) if g else ({}, "", {})
     failure = failure[:3000]  # an error can quote a path of any length the agent made
-    if why := term.lost() or _removed(term):  # the Docker host or the container went away: nothing to recheck on
+    # the Docker host or the container went away: nothing to recheck on
+    if why := term.lost() or _removed(term):
         return Grade(tests=tests, output=output, infra_error=why)
     if why := term.agent_stopped():
         return Grade(reward=0.0, tests=tests, output=output, rewards=rewards, tampered=why)
@@ -135,7 +141,8 @@ def _grade(term) -> Grade:
     evidence, running = ([], False) if t.keep_agent_processes else stop_agent(term)
     box = None
     with _paused(term, running):  # what keeps running changes no file between the check and the commit
-        path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":") if d.startswith("/"))
+        path_dirs = tuple(d.rstrip("/") + "/" for d in exports.get("PATH", "").split(":")
+                          if d.startswith("/"))
         diff = changes(term.client.api, term.id, term.layers, term.local)
         evidence += toolchain_changes(diff, t, term.home, _BIN_DIRS + path_dirs)
         if evidence:
@@ -181,8 +188,8 @@ class GradingBox:
         try:
             hc = {k: v for k, v in info["HostConfig"].items() if k not in _NOT_SHARED}
             hc["NetworkMode"] = f"container:{term.id}"
-            self.id = api.create_container(self.image, entrypoint=["sleep", "infinity"], command=[], labels=labels,
-                                           working_dir=info["Config"].get("WorkingDir") or "/",
+            self.id = api.create_container(self.image, entrypoint=["sleep", "infinity"], command=[],
+                                           labels=labels, working_dir=info["Config"].get("WorkingDir") or "/",
                                            host_config=hc)["Id"]
         except Exception:
             with contextlib.suppress(Exception):
@@ -197,8 +204,9 @@ class GradingBox:
     def exec(self, cmd: str, timeout: float = 60, workdir: str | None = None, env: dict | None = None):
         """Run a command in a fresh process of the box: (exit code, output), its deadline kept from
         outside as Terminal.exec keeps it (test_hostile.test_exec_and_grade_*)."""
-        return bash_exec(self.client, self.id, cmd, timeout, workdir or (self.task.workdir if self.task else "/"),
-                         env, self.cgroup, self.host_pid if self.local else None)
+        return bash_exec(self.client, self.id, cmd, timeout,
+                         workdir or (self.task.workdir if self.task else "/"), env, self.cgroup,
+                         self.host_pid if self.local else None)
 
     def close(self):
         remove(self.client, self.id)
@@ -227,7 +235,8 @@ def verify(term, exports: dict | None = None, diff: list | None = None, box=None
         # the container runs); else rm and mkdir, in the checked toolchain (_HARNESS_PROGRAMS), clean
         # and the tests go in through the Docker API. The reward comes out the same two ways.
         if not (box.local and not stale and _put_tests_from_host(box, t.tests)):
-            box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30, workdir="/")
+            box.exec("rm -rf /tests /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent", 30,
+                     workdir="/")
             for i in range(0, len(stale), 500):  # argv stays far below the kernel's 2 MiB
                 box.exec("rm -f -- " + " ".join(shlex.quote(p) for p in stale[i:i + 500]), 30, workdir="/")
             if not box.client.api.put_archive(box.id, "/tests", _tar(t.tests)):
@@ -239,7 +248,8 @@ def verify(term, exports: dict | None = None, diff: list | None = None, box=None
     except Exception as e:
         return Grade(infra_error=f"grading failed: {type(e).__name__}: {e}"), True
     g, harness_failed = _score(term, code, out, rc, text)
-    changed = {p for p, _ in diff}  # what the tests read of the image and the episode left as the image had it
+    # what the tests read of the image and the episode left as the image had it
+    changed = {p for p, _ in diff}
     g.image_reads = sorted(p for p in getattr(watch, "opened", ()) if p not in changed and
                            any(os.path.lexists(lower + p) for lower in term.layers[1]))
     offline = _NO_NETWORK.search(out)
@@ -270,7 +280,8 @@ def _score(term, code: int, out: str, rc: int | None, text: str) -> tuple[Grade,
         if timed_out:
             return Grade(reward=0.0, tests=tests, output=output), False
         return Grade(tests=tests, output=output,
-                     infra_error=f"test harness wrote no /logs/verifier/reward.txt (tests exit code {code})"), True
+                     infra_error="test harness wrote no /logs/verifier/reward.txt "
+                                 f"(tests exit code {code})"), True
     path, _, body = text.partition("\n")
     try:
         rewards = json.loads(body) if path.endswith(".json") else {"reward": float(body.strip())}
@@ -388,15 +399,19 @@ def _image_processes(term, procs: dict) -> set:
             return int(proc_stat(h)[19])
     shell = next((h for h, n in procs.items() if n == term.shell_pid), None)
     limit = born(shell) if shell else None
-    return set() if limit is None else {h for h, n in procs.items() if n <= term.floor and (born(h) or 1 << 62) <= limit}
+    if limit is None:
+        return set()
+    return {h for h, n in procs.items() if n <= term.floor and (born(h) or 1 << 62) <= limit}
 
 
 @dataclass
 class Outcome:
     """How an episode ended once the environment had its say (settle); rollout.run_episode writes it
     into the Trajectory."""
-    finish_reason: str | None  # None: the episode's own finish stands; else sandbox_lost | container_stopped | env_error
-    valid: bool                # False: the environment failed, not the agent; the row is masked out of training
+    # None: the episode's own finish stands; else sandbox_lost | container_stopped | env_error
+    finish_reason: str | None
+    # False: the environment failed, not the agent; the row is masked out of training
+    valid: bool
     reward: float              # NaN when not valid
     grade: dict | None         # the grade record (None: nothing was graded)
     error: str | None = None   # what failed, for a row that is not valid
@@ -416,7 +431,8 @@ def settle(term, error: Exception | None = None) -> Outcome:
         grade_s = time.monotonic() - t0
         record = g.record()
         if not g.infra_error:
-            return Outcome(finish_reason=None, valid=True, reward=float(g.reward), grade=record, grade_s=grade_s)
+            return Outcome(finish_reason=None, valid=True, reward=float(g.reward), grade=record,
+                           grade_s=grade_s)
         error = InfraError(g.infra_error)
     if isinstance(error, HostDown) or (term is not None and term.lost()):
         return Outcome(finish_reason="sandbox_lost", valid=False, reward=float("nan"), grade=record,
@@ -424,8 +440,8 @@ def settle(term, error: Exception | None = None) -> Outcome:
     if term is not None and (why := term.agent_stopped()):
         return Outcome(finish_reason="container_stopped", valid=True, reward=0.0,
                        grade=Grade(reward=0.0, output=str(error), tampered=why).record(), grade_s=grade_s)
-    return Outcome(finish_reason="env_error", valid=False, reward=float("nan"), grade=record, error=str(error),
-                   grade_s=grade_s)
+    return Outcome(finish_reason="env_error", valid=False, reward=float("nan"), grade=record,
+                   error=str(error), grade_s=grade_s)
 
 
 def verifier_env(task: Task) -> dict:
@@ -455,7 +471,8 @@ def scalar_reward(rewards: dict, multi: str = "mean") -> float:
         return sum(values.values()) / len(values)
     if multi == "min":
         return min(values.values())
-    raise ValueError(f"several rewards {sorted(values)} and no 'reward' key; set env.multi_reward to mean or min")
+    raise ValueError(f"several rewards {sorted(values)} and no 'reward' key; "
+                     "set env.multi_reward to mean or min")
 
 
 def _script_words(task: Task) -> tuple[set, set]:
@@ -479,24 +496,28 @@ def toolchain_changes(changes, task: Task, home: str = "/root", bin_dirs=_BIN_DI
     kinds = {"A": "added", "C": "changed", "D": "deleted"}
     out = []
     for path, kind in changes:
-        if path.startswith(("/tests/", "/logs/", "/proc/", "/tmp/pytest-of-")) or path in ("/tests", "/logs") or \
-                any(fnmatch.fnmatch(path, g) for g in task.verifier_changes_ok) or _pyc(path):
+        if path.startswith(("/tests/", "/logs/", "/proc/", "/tmp/pytest-of-")) or \
+                path in ("/tests", "/logs") or _pyc(path) or \
+                any(fnmatch.fnmatch(path, g) for g in task.verifier_changes_ok):
             continue  # bytecode: verify removes it before the tests run
         parts, name = path.split("/"), path.rsplit("/", 1)[-1]
         why = None
         if path.startswith("/etc/ld.so.preload") or path.startswith("/etc/ld.so.conf"):
             why = "the dynamic loader's config"
-        elif path[:len(path) - len(name)] in bin_dirs and (name in programs or re.fullmatch(r"python\d[\d.]*", name)):
+        elif path[:len(path) - len(name)] in bin_dirs and (name in programs
+                                                           or re.fullmatch(r"python\d[\d.]*", name)):
             why = "a program the test harness runs"
         elif name in ("sitecustomize.py", "usercustomize.py") or (name.endswith(".pth") and "python" in path):
             why = "a Python startup hook"
-        elif _RUNNER_PACKAGES & set(parts) or _RUNNER_DEPS.search(path) or re.search(r"/(pytest|pluggy)-[^/]*\.dist-info(/|$)", path):
+        elif _RUNNER_PACKAGES & set(parts) or _RUNNER_DEPS.search(path) or \
+                re.search(r"/(pytest|pluggy)-[^/]*\.dist-info(/|$)", path):
             why = "the test runner's package"
         elif re.match(r"/usr/(local/)?lib/python3\.\d+/(?!(dist|site)-packages/)", path):
             why = "Python's standard library"
         elif name == "pyvenv.cfg":
             why = "the interpreter's home (pyvenv.cfg)"
-        elif kind != "A" and re.match(r"/(usr/)?lib(64|/x86_64-linux-gnu|/aarch64-linux-gnu)?/[^/]*\.so[.\d]*$", path):
+        elif kind != "A" and re.match(r"/(usr/)?lib(64|/x86_64-linux-gnu|/aarch64-linux-gnu)?/[^/]*\.so"
+                                      r"[.\d]*$", path):
             why = "a shared library"
         elif re.match(r"/(usr/(local/)?)?lib", path) and _CLOSURE_LIBS.fullmatch(name):
             why = "a library the shell or the interpreter loads"

@@ -51,12 +51,14 @@ def parse_host(spec) -> HostSpec:
         for o in opts:
             k, eq, v = o.partition("=")
             if not eq:
-                raise ValueError(f"docker host {spec!r}: {o!r} is not key=value (capacity=, labels=, tls=, name=)")
+                raise ValueError(f"docker host {spec!r}: {o!r} is not key=value "
+                                 "(capacity=, labels=, tls=, name=)")
             fields[k.strip()] = v.strip()
     elif isinstance(spec, dict):
         fields = dict(spec)
     else:
-        raise ValueError(f"docker host {spec!r}: expected 'URL,capacity=N' or a mapping with url and capacity")
+        raise ValueError(f"docker host {spec!r}: expected 'URL,capacity=N' or a mapping with url and "
+                         "capacity")
     unknown = set(fields) - {"url", "capacity", "labels", "tls", "name"}
     if unknown:
         raise ValueError(f"docker host {spec!r}: unknown field(s) {sorted(unknown)}; "
@@ -69,8 +71,8 @@ def parse_host(spec) -> HostSpec:
         raise ValueError(f"docker host {spec!r}: capacity must be a whole number of containers") from None
     if capacity < 0:
         raise ValueError(f"docker host {spec!r}: capacity must be >= 0 (0 = no limit)")
-    h = HostSpec(str(fields.get("url") or ""), capacity, labels, os.path.expanduser(str(fields.get("tls") or "")),
-                 str(fields.get("name") or ""))
+    h = HostSpec(str(fields.get("url") or ""), capacity, labels,
+                 os.path.expanduser(str(fields.get("tls") or "")), str(fields.get("name") or ""))
     check_transport(h)
     h.name = h.name or _short_name(h.url)
     return h
@@ -135,7 +137,8 @@ class Host:
         self.up = True
         self.epoch = 0             # +1 at each drain: a container started before it is lost
         self.running = 0           # containers held here (episodes, warm pool, starts under way)
-        self.failed = 0            # containers lost with the host (counted when it rejoins), and failed starts
+        # containers lost with the host (counted when it rejoins), and failed starts
+        self.failed = 0
         self.starts, self.start_s = 0, 0.0   # since the last stats(): container starts and their seconds
         self.retry_at, self.backoff = 0.0, BACKOFF_S[0]
         self.down_since: float | None = None
@@ -193,8 +196,9 @@ class HostPool:
             return
         if all(h.failed_probe is not None and h.failed_probe >= (h.down_since or 0.0) + self.down_wait_s
                for h in among):
-            raise HostsDown(f"every Docker host{' with the labels needed' if among != self.hosts else ''} has "
-                            f"stopped answering for over {self.down_wait_s:g} s ("
+            which = " with the labels needed" if among != self.hosts else ""
+            raise HostsDown(f"every Docker host{which} has stopped answering for over "
+                            f"{self.down_wait_s:g} s ("
                             + "; ".join(f"{h.name}: {h.why}" for h in among)
                             + "); restart the daemons, or raise env.hosts_down_wait_s")
 

@@ -23,7 +23,8 @@ from pathlib import Path
 def proc_stat(pid: int) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name, which may hold spaces and parentheses
     (so the split is at its last ")"): [0] the state, [1] the parent pid, [19] the start time
-    (proc(5) fields 3, 4 and 22). OSError when the process is gone. KILL_INSIDE's `_field` parses the same way."""
+    (proc(5) fields 3, 4 and 22). OSError when the process is gone. KILL_INSIDE's `_field` parses the
+    same way."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
@@ -155,7 +156,8 @@ def write_new_dir(root: str, path: str, files: dict, exist_ok: bool = False) -> 
                 with contextlib.suppress(FileExistsError):
                     os.close(_new_dir(d, root, n, owner))
                 fds.append(d := os.open(n, _DIR_FLAGS, dir_fd=d))
-            fd = os.open(names[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(names[-1], flags, 0o600, dir_fd=d)
             try:
                 os.fchown(fd, owner.st_uid, owner.st_gid)
                 os.fchmod(fd, 0o755 if rel.endswith(".sh") else 0o644)
@@ -222,7 +224,8 @@ def cgroup_dirs(host_pid: int, container_id: str) -> dict:
     for ln in lines:
         _, ctrls, path = ln.split(":", 2)
         for c in ctrls.split(",") if ctrls else ["unified"]:
-            bases = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] if c == "unified" else [f"/sys/fs/cgroup/{c}"]
+            bases = (["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] if c == "unified"
+                     else [f"/sys/fs/cgroup/{c}"])
             d = next((b + path for b in bases if os.path.isfile(b + path + "/cgroup.procs")), None)
             if d:
                 dirs[c] = d
@@ -240,7 +243,9 @@ def cgroup_read(cgroup: dict, controller: str, name: str) -> str:
 
 def cgroup_pids(cgroup: dict) -> list | None:
     text = cgroup_read(cgroup, "pids", "cgroup.procs")
-    return [int(x) for x in text.split()] if "pids" in cgroup and (text or os.path.isdir(cgroup["pids"])) else None
+    if "pids" not in cgroup or not (text or os.path.isdir(cgroup["pids"])):
+        return None
+    return [int(x) for x in text.split()]
 
 
 def container_procs(init_pid: int, cgroup: dict | None = None) -> dict | None:
@@ -288,7 +293,8 @@ def reading_pipe(hpid: int, pipe: str) -> bool:
             fields = f.read().split()
     except OSError:
         return False
-    return len(fields) >= 2 and fields[0] == str(_READ_NR) and readlink(f"/proc/{hpid}/fd/{int(fields[1], 16)}") == pipe
+    return (len(fields) >= 2 and fields[0] == str(_READ_NR)
+            and readlink(f"/proc/{hpid}/fd/{int(fields[1], 16)}") == pipe)
 
 
 def pid_limit_hits(cgroup: dict) -> int:
@@ -318,8 +324,10 @@ def deleted_open_bytes(hpids, devices: set) -> int:
     return total
 
 
-FILE_BLOCK = 4096        # the least disk a file costs (an inode, a block): what the disk cap charges an empty file
-FILES_LIMIT = 200_000    # files in a container's writable layer, whatever its disk cap (an inode flood ends the episode)
+# the least disk a file costs (an inode, a block): what the disk cap charges an empty file
+FILE_BLOCK = 4096
+# files in a container's writable layer, whatever its disk cap (an inode flood ends the episode)
+FILES_LIMIT = 200_000
 WALK_LIMIT = 2 * FILES_LIMIT  # entries one walk of a writable layer visits before it gives up (WalkLimit)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ANCHOR = 32             # a walk keeps every 32nd directory of its path open and reopens the rest from there
@@ -507,7 +515,8 @@ def _listening_inodes(init_pid: int) -> set:
 def loopback_socket(init_pid: int, port: int) -> str | None:
     """The fd link ('socket:[N]') of the container's TCP socket bound to 127.0.0.1:port, or None."""
     local = f"0100007F:{port:04X}"
-    return next((f"socket:[{f[9]}]" for f in _net_table(init_pid, "tcp") if len(f) > 9 and f[1] == local), None)
+    return next((f"socket:[{f[9]}]" for f in _net_table(init_pid, "tcp") if len(f) > 9 and f[1] == local),
+                None)
 
 
 def listen_inside(init_pid: int) -> socket.socket | None:
@@ -566,7 +575,8 @@ class ReadWatch:
     root outside the system's, walked without following a link): what a task's tests read, for
     tasktool validate's truth_in_reach. Paths are the container's; at most MAX_DIRS directories."""
     SKIP = ("/proc", "/sys", "/dev", "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc",
-            "/tests", "/logs", "/tmp", "/run", "/boot", "/var/lib/dpkg", "/var/lib/apt", "/var/cache", "/var/log")
+            "/tests", "/logs", "/tmp", "/run", "/boot", "/var/lib/dpkg", "/var/lib/apt", "/var/cache",
+            "/var/log")
     MAX_DIRS = 4096
 
     def __init__(self, host_pid: int):

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from container import (FLOOD_LIMIT, Capped, HostDown, InfraError, bash_exec, docker_exec, forget, next_frame,
                        remove, stopped_by_docker)
-from inspection import (FILES_LIMIT, cgroup_dirs, cgroup_pids, cgroup_read, chars_read, container_procs, disk_use,
-                        fd_targets, first_child, listen_inside, loopback_socket, names_container, pid_limit_hits,
-                        reading_pipe, readlink, repair_dev_null)
+from inspection import (FILES_LIMIT, cgroup_dirs, cgroup_pids, cgroup_read, chars_read, container_procs,
+                        disk_use, fd_targets, first_child, listen_inside, loopback_socket, names_container,
+                        pid_limit_hits, reading_pipe, readlink, repair_dev_null)
 from hosts import Host
 from task_folders import Task
 
@@ -34,7 +34,8 @@ class CommandResult:
     timed_out: bool
     duration_s: float
     truncated: bool
-    shell_restarted: bool = False  # the agent's shell was replaced during this command (its variables and cwd are gone)
+    # the agent's shell was replaced during this command (its variables and cwd are gone)
+    shell_restarted: bool = False
 
 
 
@@ -45,17 +46,22 @@ class CommandResult:
 # __termrl_in the commands' stdin: an empty pipe, so no path the agent can delete (/dev/null) is
 # needed; without /dev/fd stdin is closed instead.
 _PRELUDE = r"""exec 2>&1
-declare() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin declare -g "$@"; else builtin declare "$@"; fi; }
-typeset() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin typeset -g "$@"; else builtin typeset "$@"; fi; }
+declare() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin declare -g "$@"
+  else builtin declare "$@"; fi; }
+typeset() { if [ "${FUNCNAME[1]}" = __termrl_run ]; then builtin typeset -g "$@"
+  else builtin typeset "$@"; fi; }
 trap 'return 130 2>&-' USR1
 exec {__termrl_out}>&1
 { exec {__termrl_in}< <(:); } 2>&- || __termrl_in=-
 """
 KILL_GRACE_S = 0.5      # after a timeout: how long the shell gets to end the killed command before a restart
-TIMEOUT_MARGIN_S = 2.5  # run(timeout=t) returns within t + this (grace + restart on a busy machine); test_hostile checks it
+# run(timeout=t) returns within t + this (grace + restart on a busy machine); test_hostile checks it
+TIMEOUT_MARGIN_S = 2.5
 MARK = "\x1e"           # framing markers start with this byte (then B/E/S, the command's nonce, numbers)
-IDLE_S = 1.0            # a shell waiting for input this long with no marker sent has lost its framing: restarted
-FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n", "\\n\\036E{} 0 0\\n"]  # the marker formats, for test_hostile's forgeries
+# a shell waiting for input this long with no marker sent has lost its framing: restarted
+IDLE_S = 1.0
+# the marker formats, for test_hostile's forgeries
+FORGERY_FORMATS = ["\\n\\036E{} 0\\n", "\\036B{} 1\\n", "\\n\\036E{} 0 0\\n"]
 
 
 def _command_line(cmd: str, nonce: str, answer: int) -> str:
@@ -73,13 +79,16 @@ def _command_line(cmd: str, nonce: str, answer: int) -> str:
     a, b = nonce[:len(nonce) // 2], nonce[len(nonce) // 2:]
     return ("{ __t=; __termrl_wm=; \\builtin read -r __t __t __t __t __termrl_wm </proc/loadavg; "
             f"\\builtin printf '\\036B%s%s %s\\n' {a} {b} \"$__termrl_wm\" >&$__termrl_out; "
-            "__termrl_rc() { return \"$1\"; }; __termrl_run() { __termrl_rc \"${__termrl_last:-0}\"; eval \"$1\"; }; "
+            "__termrl_rc() { return \"$1\"; }; "
+            "__termrl_run() { __termrl_rc \"${__termrl_last:-0}\"; eval \"$1\"; }; "
             "case $__termrl_fl in *x*) \\set -x;; esac; case $__termrl_fl in *v*) \\set -v;; esac; } 2>&-; "
             f"__termrl_run {shlex.quote(cmd)} <&$__termrl_in; "
-            "{ __termrl_last=$?; POSIXLY_CORRECT=y; __termrl_fl=$-; \\set +xv; \\unset -f builtin; \\unset POSIXLY_CORRECT; "
+            "{ __termrl_last=$?; POSIXLY_CORRECT=y; __termrl_fl=$-; \\set +xv; \\unset -f builtin; "
+            "\\unset POSIXLY_CORRECT; "
             "\\trap - DEBUG RETURN; } 2>&-; "
             f"__termrl_run '\\trap - DEBUG RETURN && __termrl_rc {answer}' <&$__termrl_in 2>&-; "
-            f"{{ \\builtin printf '\\n\\036E%s%s %d %d\\n' {a} {b} \"$__termrl_last\" $? >&$__termrl_out; }} 2>&-\n")
+            f"{{ \\builtin printf '\\n\\036E%s%s %d %d\\n' {a} {b} \"$__termrl_last\" $? "
+            ">&$__termrl_out; } 2>&-\n")
 
 
 class _Stream:
@@ -198,7 +207,8 @@ class Shell:
         self._exec_id = ex["Id"]
         self._sock = term.client.api.exec_start(self._exec_id, socket=True)._sock
         self._stream = _Stream(self._sock, self.idle)
-        self._shell = self._in_pipe = None  # host pid and input (pipe or socket) of the shell, once it answered
+        # host pid and input (pipe or socket) of the shell, once it answered
+        self._shell = self._in_pipe = None
         self.socks.append(self._sock)
         self._input = self._sock
         if listener:
@@ -206,7 +216,8 @@ class Shell:
         nonce = os.urandom(8).hex()
         with contextlib.suppress(OSError):  # an exec that already ended: its stream says so
             self.send(_PRELUDE + f"\\builtin printf '\\n\\036S%s %s\\n' {nonce} \"$$\"\n")
-        found, pid = self._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30, Capped(4096))
+        found, pid = self._stream.read_until(f"\n{MARK}S{nonce} ".encode(), time.monotonic() + 30,
+                                             Capped(4096))
         if not found:
             return pid
         self.pid = int(pid)  # the shell's pid inside the container
@@ -237,7 +248,8 @@ class Shell:
                     continue
                 with contextlib.suppress(BlockingIOError):
                     conn, (_, port) = listener.accept()
-                    while not pid and time.monotonic() < deadline:  # Docker records it a moment after the start
+                    # Docker records it a moment after the start
+                    while not pid and time.monotonic() < deadline:
                         pid = self.term.client.api.exec_inspect(self._exec_id).get("Pid") or time.sleep(0.005)
                     if pid and _holds(self.term.host_pid, pid, port):
                         conn.settimeout(self._sock.gettimeout())  # sends wait as on the exec's socket
@@ -284,7 +296,8 @@ class Shell:
                                              for n in (term.procs() or {}).values()):
             time.sleep(0.02)
         self._pids_hits = pid_limit_hits(term.cgroup)
-        return f"[the container reached its limit of {self.pids_max} processes: every background process was killed]\n"
+        return (f"[the container reached its limit of {self.pids_max} processes: every background process "
+                "was killed]\n")
 
     def kill(self, watermark: int, shell_too: bool = False) -> bool:
         """Kill every process the current command started (pids above the watermark); the shell gets
@@ -338,6 +351,11 @@ class Shell:
         holders = [h for h, n in procs.items() if n > self.floor and n != self.pid
                    and n not in self.relays and self._out_pipe in fd_targets(h)]
         self._quiet |= set(procs) - set(holders)  # checked: not writing to the terminal
+        # a child the shell forked a moment ago (it exits at once) is no background job: let it go first
+        end = time.monotonic() + 0.1
+        while holders and time.monotonic() < end:
+            time.sleep(0.01)
+            holders = [h for h in holders if self._out_pipe in fd_targets(h)]
         if not holders:
             return True
         try:
@@ -388,10 +406,11 @@ class Shell:
 class Terminal:
     """One container plus one persistent bash session; `run` commands, then grading.grade the episode.
 
-    Use one terminal from one thread at a time. run() raises InfraError only when the container
-    itself is gone; everything the agent can cause (timeouts, floods, `exit`) comes back as output.
-    When the agent made the container unusable (no bash left to start, disk cap exceeded) `dead`
-    says why: run() answers with that notice, and the episode should end (graded as a failure).
+    Use one terminal from one thread at a time. run() raises InfraError only when the container is
+    gone by Docker's or its host's doing; everything the agent can cause (timeouts, floods, `exit`)
+    comes back as output. When the agent made the container unusable (no bash left to start, disk
+    cap exceeded, the container stopped from inside) `dead` says why: run() answers with that
+    notice, and the episode should end (graded as a failure).
 
     Background jobs keep running between commands (servers, builds), within the container's CPU,
     memory, pid and disk limits. Their terminal output is not a later command's: when a command
@@ -399,10 +418,10 @@ class Terminal:
     one is no longer read (a job writing more than the pipe holds then blocks, as under Ctrl-S).
     A command that ends with the container at its pid limit (a fork bomb) ends every background job."""
 
-    def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP, host: Host | None = None,
-                 *, host_answers=None, drain_host=None, on_close=None, harness_runs=None,
-                 grading_network: str = "none", multi_reward: str = "mean", disk_cap_mb: int = 0,
-                 disk_quota: bool = False, network: str = "none"):
+    def __init__(self, client, container_id: str, key: tuple, output_cap: int = OUTPUT_CAP,
+                 host: Host | None = None, *, host_answers=None, drain_host=None, on_close=None,
+                 harness_runs=None, grading_network: str = "none", multi_reward: str = "mean",
+                 disk_cap_mb: int = 0, disk_quota: bool = False, network: str = "none"):
         """What the terminal needs of its environment comes as callables: host_answers() whether the
         host answers a fresh connection (draining it when not), drain_host(why) treat it as down,
         on_close() once the container is gone (its place on the host is free). harness_runs(task),
@@ -410,9 +429,11 @@ class Terminal:
         watchdog keeps (check_disk; 0: none), disk_quota whether a storage quota caps the layer itself;
         network the network the container started on ("none": no network during the episode)."""
         self.client, self.id, self.key, self.output_cap = client, container_id, key, output_cap
-        self.host, self._epoch = host, host.epoch if host else 0  # a drain after this start loses the container
+        # a drain after this start loses the container
+        self.host, self._epoch = host, host.epoch if host else 0
         self._host_answers, self._drain_host, self._on_close = host_answers, drain_host, on_close
-        self.harness_runs, self.grading_network, self.multi_reward = harness_runs, grading_network, multi_reward
+        self.harness_runs, self.grading_network = harness_runs, grading_network
+        self.multi_reward = multi_reward
         self.network = network
         self.task: Task | None = None
         self.closed = False
@@ -427,12 +448,15 @@ class Terminal:
         self.local = (host is None or host.host_side) and names_container(self.host_pid, container_id)
         self.cgroup = cgroup_dirs(self.host_pid, container_id) if self.local else {}  # its cgroup dirs here
         self.networked = False  # joined the grading network (grading.grade)
-        self.trace_reads = False  # grading.grade records which of the image's files the tests read (tasktool validate)
+        # grading.grade records which of the image's files the tests read (tasktool validate)
+        self.trace_reads = False
         layers = (info.get("GraphDriver") or {}).get("Data") or {}
         self.layers = (layers.get("UpperDir"), [d for d in (layers.get("LowerDir") or "").split(":") if d])
         # an image's VOLUMEs are directories on the host's disk that no writable-layer quota covers
-        self.volumes = [m["Source"] for m in info.get("Mounts") or [] if m.get("Type") == "volume" and m.get("Source")]
-        self.home = next((v.split("=", 1)[1] for v in info["Config"].get("Env") or [] if v.startswith("HOME=")), "/root")
+        self.volumes = [m["Source"] for m in info.get("Mounts") or []
+                        if m.get("Type") == "volume" and m.get("Source")]
+        env = info["Config"].get("Env") or []
+        self.home = next((v.split("=", 1)[1] for v in env if v.startswith("HOME=")), "/root")
         self.shell = Shell(self)
 
     @property
@@ -484,7 +508,8 @@ class Terminal:
 
     def _dead_result(self, t0: float, out: str = "") -> CommandResult:
         return CommandResult(output=out + f"\n[the terminal is dead: {self.dead}; the episode is over]",
-                             exit_code=None, timed_out=False, duration_s=time.monotonic() - t0, truncated=False)
+                             exit_code=None, timed_out=False, duration_s=time.monotonic() - t0,
+                             truncated=False)
 
     # -- public API ----------------------------------------------------------------------------
     def run(self, cmd: str, timeout: float = 30) -> CommandResult:
@@ -517,7 +542,8 @@ class Terminal:
         found, wm = self.shell.read_until(f"{MARK}B{nonce} ".encode(), deadline, Capped(0))
         exit_code, timed_out = None, False
         if found:
-            found, status = self.shell.read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink, flood=FLOOD_LIMIT)
+            found, status = self.shell.read_until(f"\n{MARK}E{nonce} ".encode(), deadline, sink,
+                                                  flood=FLOOD_LIMIT)
             if found and _answered(status, answer):
                 exit_code = int(status.split()[0])
                 if not self.shell.detach_background():  # this command broke the framing: its result says so
@@ -542,8 +568,8 @@ class Terminal:
             timed_out = wm == "timeout"
             if self.dead or not self._restart_session():
                 return self._dead_result(t0)
-            note += (f"\n[the shell did not respond within {timeout:g}s" if timed_out else "\n[the shell exited") + \
-                "; a new shell was started in the working directory]"
+            note += (f"\n[the shell did not respond within {timeout:g}s" if timed_out
+                     else "\n[the shell exited") + "; a new shell was started in the working directory]"
         if self.dead:
             return self._dead_result(t0, sink.text())
         return CommandResult(output=first + sink.text() + note, exit_code=exit_code, timed_out=timed_out,
@@ -555,17 +581,20 @@ class Terminal:
         if not self._restart_session():
             return ""
         return ("\n[this command changed the shell so that the harness can no longer run commands in it "
-                "(a builtin disabled or redefined, a harness variable made readonly); its exit status is unknown. "
+                "(a builtin disabled or redefined, a harness variable made readonly); its exit status is "
+                "unknown. "
                 "A new shell was started: variables and cwd were reset]")
 
     def _recover(self, watermark: int, why: str, sink: Capped, nonce: str, answer: int) -> str:
         self.shell.kill(watermark)
-        found, status = self.shell.read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S, sink)
+        found, status = self.shell.read_until(f"\n{MARK}E{nonce} ".encode(), time.monotonic() + KILL_GRACE_S,
+                                              sink)
         if found and _answered(status, answer):
             return f"\n[command {why} and was killed; the shell is still usable]"
         if not self._restart_session():
             return ""
-        return f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd were reset]"
+        return (f"\n[command {why} and was killed; the shell had to be restarted, so variables and cwd "
+                "were reset]")
 
     def check_disk(self):
         """End the terminal (dead) when what it holds on the host's disk is over disk_cap_mb: its
@@ -578,8 +607,10 @@ class Terminal:
             used, files = disk_use(upper, self.volumes, self.host_pid, self.procs() or {}, self.disk_quota)
         elif self.disk_quota:
             return
-        else:  # a remote daemon: it measures the layer itself (slower); volumes and deleted files are not seen
-            used, files = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0].get("SizeRw", 0), 0
+        # a remote daemon: it measures the layer itself (slower); volumes and deleted files are not seen
+        else:
+            row = self.client.api.containers(all=True, size=True, filters={"id": self.id})[0]
+            used, files = row.get("SizeRw", 0), 0
         if files > FILES_LIMIT:
             self.dead = f"the container holds more than {FILES_LIMIT} files"
         elif self.disk_cap_mb and used > self.disk_cap_mb << 20:
@@ -591,8 +622,9 @@ class Terminal:
         """Run a command in a fresh process (not the agent's shell): (exit code, output). The deadline
         is kept from outside the container: at `timeout` the process tree is killed and the exit code
         is 124, whatever the container's `timeout` binary does (test_hostile.test_exec_and_grade_*)."""
-        return bash_exec(self.client, self.id, cmd, timeout, workdir or (self.task.workdir if self.task else "/"),
-                         env, self.cgroup, self.host_pid if self.local else None)
+        return bash_exec(self.client, self.id, cmd, timeout,
+                         workdir or (self.task.workdir if self.task else "/"), env, self.cgroup,
+                         self.host_pid if self.local else None)
 
     def agent_stopped(self) -> str | None:
         """Evidence when Docker answers but the container no longer runs: the agent killed the process
@@ -600,7 +632,8 @@ class Terminal:
         with contextlib.suppress(Exception):
             state = self.client.api.inspect_container(self.id)["State"]
             if not state.get("Running"):
-                if stopped_by_docker(self.client.api, self.id):  # not the agent: the daemon or an operator (see `lost`)
+                # not the agent: the daemon or an operator (see `lost`)
+                if stopped_by_docker(self.client.api, self.id):
                     return None
                 return f"the container stopped during the episode (exit code {state.get('ExitCode')})"
             procs = self.procs()

@@ -1,4 +1,5 @@
-"""The terminal, grading and the Env against real Docker (terminal.py, grading.py, env.py, container.py): the persistent shell, limits, hidden tests, grading, cleanup, loading."""
+"""The terminal, grading and the Env against real Docker (terminal.py, grading.py, env.py, container.py):
+the persistent shell, limits, hidden tests, grading, cleanup, loading."""
 import dataclasses
 import json
 import shutil
@@ -40,7 +41,8 @@ def test_state_persists_across_commands(docker_env, easy_tasks):
 def test_timeout_kills_command_not_session(docker_env, easy_tasks):
     with docker_env.reset(easy_tasks[1]) as term:
         term.run("X=kept; sleep 300 &")
-        for cmd in ["echo started; sleep 300", "while true; do sleep 1; done", "python3 -c 'while True: pass'"]:
+        for cmd in ["echo started; sleep 300", "while true; do sleep 1; done",
+                    "python3 -c 'while True: pass'"]:
             t0 = time.monotonic()
             r = term.run(cmd, timeout=1.5)
             assert r.timed_out and r.exit_code is None, cmd
@@ -76,7 +78,8 @@ def test_sandbox_network_caps_and_file_size(docker_env, easy_tasks):
         assert term.run("mount -t tmpfs none /mnt").exit_code != 0        # no CAP_SYS_ADMIN
         assert term.run("ulimit -f").output == f"{E.FILE_SIZE_LIMIT // 1024}\n"
         # ...but what a root shell needs on its own files still works
-        r = term.run("useradd -m bob && su bob -c 'touch /tmp/b' && chown bob /app && chmod 700 /app && stat -c %U /tmp/b")
+        r = term.run("useradd -m bob && su bob -c 'touch /tmp/b' && chown bob /app && chmod 700 /app && "
+                     "stat -c %U /tmp/b")
         assert r.output == "bob\n", r.output
     assert not docker_env.client.api.containers(all=True, filters={"id": term.id})  # closed = removed
 
@@ -204,7 +207,8 @@ def test_load_tasks_from_dir_and_list_file(tmp_path):
 def test_oracle_commands_split_top_level():
     task = T.Task(name="t", instruction="x", layout="generated", solution=(
         "#!/bin/bash\nset -euo pipefail\n# comment\n\nfor f in a b; do\n  echo $f\ndone\n"
-        "if true; then\n  x=1\nfi\ncat <<EOF > out\nline\nEOF\npython3 - <<'PY'\nprint(1)\nPY\necho 'a;b' # tail\nls \\\n  -l\n"))
+        "if true; then\n  x=1\nfi\ncat <<EOF > out\nline\nEOF\npython3 - <<'PY'\nprint(1)\nPY\n"
+        "echo 'a;b' # tail\nls \\\n  -l\n"))
     assert T.oracle_commands(task) == [
         "for f in a b; do\n  echo $f\ndone", "if true; then\n  x=1\nfi", "cat <<EOF > out\nline\nEOF",
         "python3 - <<'PY'\nprint(1)\nPY", "echo 'a;b' # tail", "ls \\\n  -l"]
@@ -219,8 +223,10 @@ def test_generated_family_splits_differ_and_are_deterministic():
     held = G.generate_easy_tasks(40, seed=0, split="heldout")
     assert [t.instruction for t in train] == [t.instruction for t in again]
     assert {t.metadata["kind"] for t in train} == set(G.EASY_KINDS)
-    train_words = set(" ".join(t.instruction + t.setup for t in train).replace("/", " ").replace(".", " ").split())
-    held_words = set(" ".join(t.instruction + t.setup for t in held).replace("/", " ").replace(".", " ").split())
+    def words(tasks):
+        text = " ".join(t.instruction + t.setup for t in tasks)
+        return set(text.replace("/", " ").replace(".", " ").split())
+    train_words, held_words = words(train), words(held)
     assert not (set(G._EASY_WORDS["heldout"]) | set(G._EASY_NAMES["heldout"])) & train_words
     assert held_words & set(G._EASY_WORDS["heldout"])
     assert G.generate_easy_tasks(7, seed=1)[0].instruction != train[0].instruction
@@ -277,17 +283,19 @@ def test_sweep_spares_live_containers_of_another_pid_namespace(docker_env):
     node is a process in a new pid namespace (`unshare`); it creates a container and lives on."""
     if subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode:
         pytest.skip("unshare --pid is not permitted here (needs root or CAP_SYS_ADMIN)")
-    code = ("import sys, time; sys.path.insert(0, %r); import docker, container as C, task_folders as T;"  # no Env(): no sweep there
+    # no Env(): no sweep there
+    code = ("import sys, time; sys.path.insert(0, %r); import docker, container as C, task_folders as T;"
             "c = docker.from_env().containers.create(T.BASE_IMAGE, 'true', labels=C.owner_labels());"
             "print(c.id, flush=True); time.sleep(600)" % str(ROOT))
-    child = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", code],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable,
+                              "-c", code], stdout=subprocess.PIPE, text=True)
     client, cid = docker_env.client, ""
     try:
         cid = child.stdout.readline().strip()
         assert cid, "child did not create a container"
         container.sweep_stale(client)
-        assert client.api.containers(all=True, filters={"id": cid}), "the sweep removed a live process's container"
+        assert client.api.containers(all=True, filters={"id": cid}), \
+            "the sweep removed a live process's container"
     finally:
         child.kill()
         child.wait(30)
@@ -324,7 +332,8 @@ def _bad_task(root, name, *, toml=None, solve=None, test=None):
 # past SWITCH, so every later oracle run (fresh containers run one after the other) fails.
 _FLAKY_SOLVE = """#!/bin/bash
 now=$(date +%s)
-if [ "$now" -lt SWITCH ]; then echo alpha > /app/a.txt; echo beta > /app/b.txt; sleep $((SWITCH + 1 - now)); fi
+if [ "$now" -lt SWITCH ]; then
+  echo alpha > /app/a.txt; echo beta > /app/b.txt; sleep $((SWITCH + 1 - now)); fi
 """
 # Before SWITCH, the CLI starts, the no-op run grades and the first oracle run begins: ~10 s on an
 # idle 2-core machine; 45 s leaves room for a parallel validate and the rest of the suite.
@@ -344,16 +353,18 @@ def test_validate_cli_gives_each_bad_task_its_verdict_and_fails(tmp_path):
     _bad_task(tasks, "harness-crash", test="#!/bin/bash\necho 'crashed before writing a reward'; exit 1\n")
     _bad_task(tasks, "malformed", toml="[verifier\ntimeout_sec = 3\n")
     build = shutil.copytree(FIXTURE_TASKS / "tb2-partial", tasks / "build-fails")  # its own Dockerfile
-    (build / "environment" / "Dockerfile").write_text("FROM termrl-base:bookworm\nRUN echo no such package >&2; exit 3\n")
+    (build / "environment" / "Dockerfile").write_text(
+        "FROM termrl-base:bookworm\nRUN echo no such package >&2; exit 3\n")
     switch = int(time.time()) + FLAKY_MARGIN_S
     _bad_task(tasks, "flaky", solve=_FLAKY_SOLVE.replace("SWITCH", str(switch)))
     out = tmp_path / "v.json"
-    r = subprocess.run([sys.executable, str(ROOT / "tasktool.py"), "validate", str(tasks), "--k", "2", "--jobs", "6",
-                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, str(ROOT / "tasktool.py"), "validate", str(tasks), "--k", "2",
+                        "--jobs", "6", "--json", str(out)], capture_output=True, text=True, timeout=600)
     rows = {row["task"]: row for row in json.loads(out.read_text())["tasks"]}
     status = {name: row["status"] for name, row in rows.items()}
-    assert status == {"oracle-fails": "oracle_fails", "noop-passes": "noop_passes", "harness-crash": "infra_error",
-                      "malformed": "malformed", "flaky": "flaky", "build-fails": "build_fails"}, (status, r.stdout[-3000:])
+    assert status == {"oracle-fails": "oracle_fails", "noop-passes": "noop_passes",
+                      "harness-crash": "infra_error", "malformed": "malformed", "flaky": "flaky",
+                      "build-fails": "build_fails"}, (status, r.stdout[-3000:])
     assert r.returncode == 1 and "0/6 tasks ok" in r.stdout, r.stdout + r.stderr
     assert rows["oracle-fails"]["oracle"] == [0.5] and rows["oracle-fails"]["noop"] == 0.0
     assert rows["flaky"]["oracle"] == [1.0, 0.0] and rows["flaky"]["noop"] == 0.0
@@ -365,7 +376,8 @@ def test_validate_cli_gives_each_bad_task_its_verdict_and_fails(tmp_path):
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "exception"])
 def test_own_containers_removed_on_signal_or_crash(docker_env, how):
-    code = ("import sys, time; sys.path.insert(0, %r); import env as E, generated_tasks as G; e = E.Env(warm=1);"
+    code = ("import sys, time; sys.path.insert(0, %r); import env as E, generated_tasks as G; "
+            "e = E.Env(warm=1);"
             "t = e.reset(G.generate_easy_tasks(1)[0]); e.warmup([t.task]); print(t.id, flush=True);"
             "sys.stdin.readline(); raise RuntimeError('crash')" % str(ROOT))
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -373,7 +385,8 @@ def test_own_containers_removed_on_signal_or_crash(docker_env, how):
     try:
         cid = child.stdout.readline().strip()
         pid_filter = {"label": f"termrl.pid={child.pid}"}
-        assert cid and len(docker_env.client.api.containers(all=True, filters=pid_filter)) == 2  # episode + pool
+        # the episode's and the pool's
+        assert cid and len(docker_env.client.api.containers(all=True, filters=pid_filter)) == 2
         if how == "exception":
             child.stdin.write("go\n")
             child.stdin.flush()

@@ -22,7 +22,7 @@ from conftest import ROOT
 
 def _procs(term) -> dict:
     cgroup = term.cgroup  # a consistent snapshot where the cgroup is readable
-    procs = inspection.container_procs(term.host_pid, cgroup) if cgroup else inspection.container_procs(term.host_pid)
+    procs = inspection.container_procs(term.host_pid, cgroup or None)
     assert procs is not None, "tests run next to a local Docker daemon"
     return procs
 
@@ -64,7 +64,8 @@ def _forgeries(text: str) -> str:
     """Shell code that prints an end marker with exit code 0 for every token-like string seen so far,
     in every marker format the harness has used (what an agent reading its own trace could do)."""
     toks = sorted(set(re.findall(r"[0-9a-f]{16,}", text)))
-    fmts = ["\\n__termrl_%s_E 0\\n"] + [f.replace("%", "%%").replace("{}", "%s") for f in terminal.FORGERY_FORMATS]
+    fmts = ["\\n__termrl_%s_E 0\\n"] + [f.replace("%", "%%").replace("{}", "%s")
+                                        for f in terminal.FORGERY_FORMATS]
     return "; ".join(f"builtin printf '{f}' {t}" for t in toks for f in fmts) or "true"
 
 
@@ -218,7 +219,8 @@ def test_a_session_start_cut_short_is_tried_again(docker_env, easy_tasks):
     `bash` first on PATH that exits the first time it runs stands for such a start: the session
     starts on the second try, and a bash that never starts still ends the terminal."""
     with docker_env.reset(easy_tasks[4]) as term:
-        once = ("printf '#!/bin/sh\\n[ -e /tmp/once ] || { : > /tmp/once; exit 1; }\\nexec /bin/bash \"$@\"\\n' "
+        once = ("printf '#!/bin/sh\\n[ -e /tmp/once ] || { : > /tmp/once; exit 1; }\\n"
+                "exec /bin/bash \"$@\"\\n' "
                 "> /usr/local/bin/bash && chmod +x /usr/local/bin/bash && echo planted")
         assert term.run(once).output == "planted\n"
         r = term.run("exit 3")
@@ -311,7 +313,8 @@ def test_disk_cap_stops_writes_past_it(docker_env, easy_tasks):
         upper = docker_env.client.api.inspect_container(term.id)["GraphDriver"]["Data"]["UpperDir"]
         # up to 2 GB in 50 MB files: unchecked, all of it lands; with the watchdog the episode ends
         # one check interval after the cap (DISK_CHECK_S), however fast this machine writes
-        r = term.run("for i in $(seq 40); do head -c 50M /dev/zero > /big$i || break; done; echo wrote", timeout=60)
+        r = term.run("for i in $(seq 40); do head -c 50M /dev/zero > /big$i || break; done; echo wrote",
+                     timeout=60)
         time.sleep(E.DISK_CHECK_S * 2)
         used = int(subprocess.run(["du", "-sm", upper], capture_output=True, text=True).stdout.split()[0])
         print(f"disk cap {cap_mb} MiB: the writable layer held {used} MiB when the episode ended")
@@ -330,8 +333,8 @@ def test_file_count_is_capped_like_bytes(docker_env, easy_tasks):
     cap_mb = 100
     n = 30_000  # 117 MiB at 4 KiB a file
     with docker_env.reset(_task(easy_tasks, 9, disk_mb=cap_mb)) as term:
-        term.run(f"mkdir /many && cd /many && python3 -c \"import os\nfor i in range({n}): os.close(os.open(str(i), os.O_CREAT))\"",
-                 timeout=120)
+        term.run(f"mkdir /many && cd /many && python3 -c \"import os\n"
+                 f"for i in range({n}): os.close(os.open(str(i), os.O_CREAT))\"", timeout=120)
         time.sleep(E.DISK_CHECK_S * 4)
         r = term.run("echo after")
         assert term.dead and "files" in r.output, r
@@ -347,9 +350,10 @@ def test_disk_cap_counts_deleted_open_files_and_the_containers_log(docker_env, e
         log = docker_env.client.api.inspect_container(term.id).get("LogPath") or ""
         r = term.run("head -c 200M /dev/zero > /proc/1/fd/1; echo sent", timeout=60)
         assert "sent" in r.output and not term.dead, r
-        assert not log or not os.path.exists(log) or os.path.getsize(log) < 1 << 20, (log, os.path.getsize(log))
-        r = term.run("for i in 1 2 3 4 5 6; do exec {fd}>/held$i; rm /held$i; head -c 80M /dev/zero >&$fd; done; "
-                     "echo wrote", timeout=60)
+        assert not log or not os.path.exists(log) or os.path.getsize(log) < 1 << 20, \
+            (log, os.path.getsize(log))
+        r = term.run("for i in 1 2 3 4 5 6; do exec {fd}>/held$i; rm /held$i; head -c 80M /dev/zero >&$fd; "
+                     "done; echo wrote", timeout=60)
         time.sleep(E.DISK_CHECK_S * 4)
         r = term.run("echo after")
         assert term.dead and "disk" in r.output.lower(), r
@@ -369,7 +373,8 @@ def test_disk_cap_counts_the_images_volumes(docker_env, tmp_path):
         mounts = docker_env.client.api.inspect_container(term.id)["Mounts"]
         volumes = [m["Name"] for m in mounts if m["Type"] == "volume"]
         assert volumes, mounts
-        term.run("for i in $(seq 8); do head -c 50M /dev/zero > /data/big$i || break; done; echo wrote", timeout=60)
+        term.run("for i in $(seq 8); do head -c 50M /dev/zero > /data/big$i || break; done; echo wrote",
+                 timeout=60)
         time.sleep(E.DISK_CHECK_S * 4)
         r = term.run("echo after")
         assert term.dead and "disk" in r.output.lower(), r
@@ -389,7 +394,8 @@ def test_exec_and_grade_have_a_host_side_deadline(docker_env, easy_tasks):
         t0 = time.monotonic()
         code, out = term.exec("echo hi; sleep 100", timeout=2)
         assert time.monotonic() - t0 < 2 + 3 and code in (124, 137), (code, out)
-        term.run("printf '#!/bin/bash\\nwhile :; do :; done\\n' > /usr/local/bin/bash; chmod +x /usr/local/bin/bash")
+        term.run("printf '#!/bin/bash\\nwhile :; do :; done\\n' > /usr/local/bin/bash; "
+                 "chmod +x /usr/local/bin/bash")
         t0 = time.monotonic()
         g = grading.grade(term)
         assert time.monotonic() - t0 < 3 + 5, g
@@ -420,7 +426,8 @@ def test_sigterm_during_rollout_stops_at_once_and_leaks_nothing(docker_env, tiny
     """Bug: SIGTERM during a rollout exited only after 25 s, having started 26 new episodes after the
     signal. Now no episode starts after it, running ones end, the process exits within seconds."""
     code = _ROLLOUT_CHILD.format(root=str(ROOT), model=str(tiny_model_dir))
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
     api = docker_env.client.api
     pid_filter = {"label": f"termrl.pid={child.pid}"}
     try:
@@ -437,7 +444,8 @@ def test_sigterm_during_rollout_stops_at_once_and_leaks_nothing(docker_env, tiny
         child.wait(30)
         exited = time.monotonic() - t0
         events = api.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
-                            filters={"type": "container", "event": "create", "label": f"termrl.pid={child.pid}"})
+                            filters={"type": "container", "event": "create",
+                                     "label": f"termrl.pid={child.pid}"})
         started_after = [e for e in events if e["timeNano"] > since * 1e9]
         assert stopped < 5, stopped  # the running episodes' commands (sleep 2) end with their containers
         assert exited < 30, exited   # + Python tearing torch down, slow on a busy machine
@@ -459,10 +467,10 @@ TAKEDOWNS = {
     "kill -9 -1": ("kill -9 -1", "echo after"),
     "init killed through the harness: hijacked watermark, then a flood": (HIJACK, "yes", "echo after"),
     "init's child ended by a signal to init": ("kill -TERM 1", "echo after"),
-    "init the memory limit's victim": ("for p in /proc/[0-9]*; do echo 1000 > $p/oom_score_adj; done 2>/dev/null; "
-                                        "python3 -c 'x = bytearray(1 << 34)'", "echo after"),
-    "the pid limit full, init's sleep killed": ("for i in $(seq 400); do sleep 300 & done 2>/dev/null; pkill -x sleep",
-                                                "echo after"),
+    "init the memory limit's victim": ("for p in /proc/[0-9]*; do echo 1000 > $p/oom_score_adj; done "
+                                        "2>/dev/null; python3 -c 'x = bytearray(1 << 34)'", "echo after"),
+    "the pid limit full, init's sleep killed": ("for i in $(seq 400); do sleep 300 & done 2>/dev/null; "
+                                                "pkill -x sleep", "echo after"),
     "the harness's own exec made to fail": ("chmod 0 /bin/bash /usr/bin/bash; kill -9 $$", "echo after"),
 }
 

@@ -64,8 +64,9 @@ def test_plain_tcp_is_refused_with_how_to_fix(tmp_path):
     with pytest.raises(ValueError, match="capacity must be a whole number"):
         H.parse_host("ssh://me@box3,capacity=lots")
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "tasktool.py"), "validate", str(root / "tests" / "fixtures"),
-                        "--docker-host", "tcp://box2:2375"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(root / "tasktool.py"), "validate",
+                        str(root / "tests" / "fixtures"), "--docker-host", "tcp://box2:2375"],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "plain TCP is refused" in r.stderr, r.stderr[-500:]
 
 
@@ -89,7 +90,8 @@ def test_episodes_spread_over_both_hosts_by_capacity(second, easy_tasks):
     capacity; a reset with every host full waits for room instead of overfilling one; a task's
     host_labels send it only to hosts with those labels. The second daemon starts without termrl's
     base image: Env loads it there from the first (docker save | load)."""
-    with E.Env(hosts=[f"{MAIN},capacity=2,name=main", f"{second.url},capacity=4,name=second,labels=big"]) as env:
+    with E.Env(hosts=[f"{MAIN},capacity=2,name=main",
+                      f"{second.url},capacity=4,name=second,labels=big"]) as env:
         main, sec = env._hosts.hosts
         with ThreadPoolExecutor(6) as pool:
             terms = list(pool.map(env.reset, easy_tasks[:6]))
@@ -112,12 +114,14 @@ def test_episodes_spread_over_both_hosts_by_capacity(second, easy_tasks):
         assert (main.running, sec.running) == (0, 0)
         with env.reset(dataclasses.replace(easy_tasks[7], host_labels=["big"])) as t:
             assert t.host is sec  # though main is as empty
-        with pytest.raises(container.InfraError, match=r"needs Docker host labels \['gpu'\]; no host in env.hosts has them"):
+        with pytest.raises(container.InfraError,
+                           match=r"needs Docker host labels \['gpu'\]; no host in env.hosts has them"):
             env.reset(dataclasses.replace(easy_tasks[7], host_labels=["gpu"]))
         assert not own(main.client, env._token) and not own(sec.client, env._token)
 
 
-def test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other(second, easy_tasks, tiny_tokenizer, caplog):
+def test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other(second, easy_tasks, tiny_tokenizer,
+                                                                          caplog):
     """Bug guard: a sandbox host that stops answering mid-rollout must not stop training nor cost rows:
     its episodes end as host_down (masked), run again on the other host, the step completes with
     every row valid, nothing of ours is left on either daemon, and the restarted daemon rejoins.
@@ -135,7 +139,8 @@ def test_a_stopped_daemon_is_drained_and_the_step_completes_on_the_other(second,
             ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
         main, sec = env._hosts.hosts
         result = {}
-        th = threading.Thread(target=lambda: result.update(trajs=R.collect(tasks, policy, env, cfg, progress=False)))
+        th = threading.Thread(
+            target=lambda: result.update(trajs=R.collect(tasks, policy, env, cfg, progress=False)))
         th.start()
         end = time.monotonic() + 90  # (the base image is loaded onto the second daemon first)
         while sum(t.host is sec and t.task is not None and not t.closed for t in list(env._terms)) < 3:
@@ -191,7 +196,8 @@ def test_remote_host_fallbacks_through_the_docker_api(easy_tasks):
             assert r.timed_out and term.run("echo still").output == "still\n"
             term.run("(sleep 1000 &) ; cp /bin/true /usr/local/bin/python3")
             g = grading.grade(term)
-            assert g.reward == 0 and "added /usr/local/bin/python3 (a program the test harness runs)" in g.tampered
+            assert g.reward == 0
+            assert "added /usr/local/bin/python3 (a program the test harness runs)" in g.tampered
             assert term.exec("pgrep -fx 'sleep 1000' || echo gone")[1].strip() == "gone"
         with env.reset(easy_tasks[1]) as term:
             term.disk_cap_mb = 1
@@ -255,7 +261,8 @@ def test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode(second, easy_ta
         second.proc.send_signal(signal.SIGSTOP)
         try:
             end = time.monotonic() + wait
-            while host.up or host.retry_at < host.down_since + wait - 1:  # the last retry within the wait is set
+            while host.up or host.retry_at < host.down_since + wait - 1:  # the last retry within
+                                                                          # the wait is set
                 assert time.monotonic() < end, "the stopped daemon was not drained"
                 time.sleep(0.1)
             time.sleep(H.PROBE_TIMEOUT_S + 1)  # the retry in flight gives up
