@@ -118,18 +118,17 @@ def _create(client, key: tuple, labels: dict, disk_quota: bool) -> str:
 
 def _sweep_own(h: Host, token: str, live: dict):
     """What a rejoining host still holds of the Env whose containers carry token: a container that
-    outlived the outage (still running) goes on serving its open terminal (`live`, by id: adopted)
-    or is removed by label; one that stopped or vanished with its daemon is counted lost (failed).
-    Then stale containers (tests/test_hosts.py::test_a_daemon_stopped_shorter_than_the_wait_*)."""
-    mine = h.client.api.containers(all=True, filters={"label": f"{LABEL}.env={token}"})
-    held = {c["Id"]: c.get("State") for c in mine}
-    for cid, state in held.items():
-        if state == "running" and cid in live:
-            live[cid].adopt()
-            continue
-        remove(h.client, cid)
-        h.failed += state != "running"
-    h.failed += len((h.lost | set(live)) - set(held))
+    outlived the outage (still running) was not lost after all (h.failed counted it at the drain): it
+    goes on serving its open terminal (`live`, by id: adopted) or is removed by label; one that
+    stopped with its daemon is removed and stays counted. Then stale containers
+    (tests/test_hosts.py::test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode)."""
+    for c in h.client.api.containers(all=True, filters={"label": f"{LABEL}.env={token}"}):
+        if c.get("State") == "running":
+            h.failed = max(0, h.failed - 1)
+            if c["Id"] in live and not live[c["Id"]].closed:
+                live[c["Id"]].adopt()
+                continue
+        remove(h.client, c["Id"])
     h.lost.clear()
     sweep_stale(h.client)
 
@@ -367,10 +366,11 @@ class Env:
         return why is None
 
     def drain(self, h: Host, why: str):
-        """Treat h as down: its containers are lost (their episodes end with HostDown), it is retried."""
+        """Treat h as down: its containers lost (HostDown; failed, less survivors: _sweep_own); retried."""
         with self._lock:
             if not self._hosts.drain(h, why):
                 return
+            h.failed += h.running
             lost = self._pool.drop_host(h)
         for t in lost:
             t.close()  # no docker call: the ids wait in h.lost for the rejoin's sweep
@@ -386,9 +386,8 @@ class Env:
                 due = self._hosts.due()
             for h in due:
                 if (why := _connect(self._docker, h, self._max_starts)) is None:
-                    live = {t.id: t for t in list(self._terms) if t.host is h and not t.closed}
                     with contextlib.suppress(Exception):  # what is left is swept at the next start
-                        _sweep_own(h, self._token, live)
+                        _sweep_own(h, self._token, {t.id: t for t in list(self._terms) if t.host is h})
                 self._hosts.rejoin(h, why)  # why: it still does not answer
             time.sleep(CHECK_EVERY_S)
 

@@ -137,8 +137,7 @@ class Host:
         self.up = True
         self.epoch = 0             # +1 at each drain: a container started before it is lost
         self.running = 0           # containers held here (episodes, warm pool, starts under way)
-        # containers lost with the host (counted when it rejoins), and failed starts
-        self.failed = 0
+        self.failed = 0            # containers lost at a drain (less those that outlived it), failed starts
         self.starts, self.start_s = 0, 0.0   # since the last stats(): container starts and their seconds
         self.retry_at, self.backoff = 0.0, BACKOFF_S[0]
         self.down_since: float | None = None
