@@ -231,6 +231,36 @@ def test_a_daemon_down_at_start_is_named_by_its_own_error(tmp_path):
                      r"(No such file|Connection)", str(e.value)), e.value
 
 
+def three_live_episodes(env, policy, easy_tasks, cfg):
+    """A step of 3 episodes collected on a thread, returned once all 3 run (plus a second, so each
+    is inside its command): (the thread, the dict its trajectories or error land in)."""
+    result = {}
+
+    def step():
+        try:
+            result["trajs"] = R.collect(easy_tasks[:3], policy, env, cfg, progress=False)
+        except BaseException as e:  # said by all_submitted's assertions
+            result["error"] = e
+    th = threading.Thread(target=step)
+    th.start()
+    end = time.monotonic() + 120  # the base image is loaded onto the second daemon first
+    while sum(t.task is not None and not t.closed for t in list(env._terms)) < 3:
+        assert time.monotonic() < end and th.is_alive(), "no 3 episodes started: " + repr(
+            result.get("error") or [(t.finish_reason, t.error) for t in result["trajs"]])
+        time.sleep(0.05)
+    time.sleep(1.0)
+    return th, result
+
+
+def all_submitted(th, result):
+    """The step of three_live_episodes returned, every episode valid and submitted."""
+    th.join(180)
+    assert not th.is_alive() and "trajs" in result, f"collect did not return: {result.get('error')!r}"
+    trajs = result["trajs"]
+    assert len(trajs) == 3 and all(t.valid and t.finish_reason == "submitted" for t in trajs), \
+        [(t.finish_reason, t.error) for t in trajs]
+
+
 def test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode(second, easy_tasks, tiny_tokenizer):
     """Bug: a daemon stopped (SIGSTOP) for less than env.hosts_down_wait_s stopped the run with
     "every Docker host has stopped answering", though it had answered again for a while: the
@@ -243,21 +273,7 @@ def test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode(second, easy_ta
     with E.Env(hosts=[f"{seeded(second)},name=stalled"], hosts_down_wait_s=wait) as env, \
             ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
         host = env._hosts.hosts[0]
-        result = {}
-
-        def step():
-            try:
-                result["trajs"] = R.collect(easy_tasks[:3], policy, env, cfg, progress=False)
-            except BaseException as e:  # said by the assertions below
-                result["error"] = e
-        th = threading.Thread(target=step)
-        th.start()
-        end = time.monotonic() + 120  # the base image is loaded onto the second daemon first
-        while sum(t.task is not None and not t.closed for t in list(env._terms)) < 3:
-            assert time.monotonic() < end and th.is_alive(), "no 3 episodes started: " + repr(
-                result.get("error") or [(t.finish_reason, t.error) for t in result["trajs"]])
-            time.sleep(0.05)
-        time.sleep(1.0)
+        th, result = three_live_episodes(env, policy, easy_tasks, cfg)
         second.proc.send_signal(signal.SIGSTOP)
         try:
             end = time.monotonic() + wait
@@ -269,11 +285,7 @@ def test_a_daemon_stopped_shorter_than_the_wait_loses_no_episode(second, easy_ta
             assert time.monotonic() < host.down_since + wait - 3, "the back-off left no time to let it go"
         finally:
             second.proc.send_signal(signal.SIGCONT)
-        th.join(180)
-        assert not th.is_alive() and "trajs" in result, f"collect did not return: {result.get('error')!r}"
-        trajs = result["trajs"]
-        assert len(trajs) == 3 and all(t.valid and t.finish_reason == "submitted" for t in trajs), \
-            [(t.finish_reason, t.error) for t in trajs]
+        all_submitted(th, result)
         assert host.up and [e[2] for e in env._hosts.events][-1] == "rejoined"
         assert host.failed == 0, host.failed  # they outlived the stall: not lost
     assert not own(host.client, env._token)
@@ -287,28 +299,10 @@ def test_a_daemon_restarted_under_live_episodes_reruns_them(second, easy_tasks, 
     with E.Env(hosts=[f"{seeded(second)},name=restarted"], hosts_down_wait_s=60.0) as env, \
             ScriptedPolicy(tiny_tokenizer, "fixed", latency_s=0.05, commands=["sleep 3; echo ok"]) as policy:
         host = env._hosts.hosts[0]
-        result = {}
-
-        def step():
-            try:
-                result["trajs"] = R.collect(easy_tasks[:3], policy, env, cfg, progress=False)
-            except BaseException as e:  # said by the assertions below
-                result["error"] = e
-        th = threading.Thread(target=step)
-        th.start()
-        end = time.monotonic() + 120
-        while sum(t.task is not None and not t.closed for t in list(env._terms)) < 3:
-            assert time.monotonic() < end and th.is_alive(), "no 3 episodes started: " + repr(
-                result.get("error") or [(t.finish_reason, t.error) for t in result["trajs"]])
-            time.sleep(0.05)
-        time.sleep(1.0)
+        th, result = three_live_episodes(env, policy, easy_tasks, cfg)
         second.stop()
         second.start()
-        th.join(180)
-        assert not th.is_alive() and "trajs" in result, f"collect did not return: {result.get('error')!r}"
-        trajs = result["trajs"]
-        assert len(trajs) == 3 and all(t.valid and t.finish_reason == "submitted" for t in trajs), \
-            [(t.finish_reason, t.error) for t in trajs]
+        all_submitted(th, result)
         assert host.failed >= 1 and any(e[2].startswith("drained") for e in env._hosts.events)
     assert not own(host.client, env._token)
 
