@@ -237,7 +237,7 @@ def run_episode(task, policy, env, cfg: RolloutConfig, prefill_k=0, group_id=0, 
                                   **({"tool_call": call} if call else {}),
                                   **({"prefilled": True} if turn < len(expert) else {})})
             turn += 1
-            if comp.finish_reason != "stop":  # never carry a truncated turn forward silently (rLLM#575)
+            if comp.finish_reason != "stop":  # ends (rLLM#575; test_limits_end_episodes_with_their_reason)
                 finish = "turn_token_limit" if budget == cfg.max_tokens_per_turn else "context_overflow"
                 break
             if err:  # a tool reply, not a user turn: Qwen3 would strip earlier think blocks (not append-only)

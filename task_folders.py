@@ -312,7 +312,9 @@ def _load_tb1(d: Path) -> Task:
         raise TaskError(f"{f}: invalid YAML: {e}") from None
     if not isinstance(meta, dict):
         raise TaskError(f"{f}: expected a mapping with an 'instruction' key")
-    for name in _COMPOSE:  # what termrl cannot run is said before what such a task lacks
+    # what termrl cannot run is said before what such a task lacks
+    # (tests/test_real_tasks.py::test_multi_step_and_multi_container_are_said_before_missing_files)
+    for name in _COMPOSE:
         _single_container(d / name, d)
     instruction = meta.get("instruction")
     if not instruction and isinstance(meta.get("descriptions"), list) and meta["descriptions"]:
@@ -416,7 +418,7 @@ def _load_tb2(d: Path) -> Task:
         meta = tomllib.loads(_text(f, d, "the task's metadata"))
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{f}: invalid TOML: {e}") from None
-    if "steps" in meta:  # said before what such a task lacks (instruction.md lives in its steps)
+    if "steps" in meta:  # said first, as in TB1 (instruction.md lives in its steps)
         raise TaskError(f"{f}: a multi-step task ([[steps]]); termrl runs one instruction and one verifier "
                         "per episode, so the later steps would never be graded")
     for name in _COMPOSE:
