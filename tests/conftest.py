@@ -21,6 +21,25 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end tests that take minutes")
 
 
+# --- runs killed mid-way (test_train, test_compare_algos) -----------------------------------
+def kill_group_when(proc, until, log: Path, poll: float = 0.1, timeout: float = 900):
+    """Wait until until() holds, then SIGKILL the process group of proc (started with
+    start_new_session=True, so its children die with it); fails with the log's tail if proc ends
+    first, or after `timeout` s. The group is killed on a failure too."""
+    import signal
+    import time
+    try:
+        deadline = time.time() + timeout
+        while not until():
+            assert proc.poll() is None, Path(log).read_text()[-3000:]
+            assert time.time() < deadline
+            time.sleep(poll)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 # --- env (Docker) -------------------------------------------------------------------------
 FIXTURE_TASKS = ROOT / "tests" / "fixtures"   # tiny TB1 (tb1-hello) and TB2 (tb2-partial) tasks
 

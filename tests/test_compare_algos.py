@@ -5,14 +5,13 @@ killed twice and resumed, its variants branched from one SFT checkpoint."""
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import kill_group_when
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -160,16 +159,7 @@ def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(
         with open(tmp_path / "killed.log", "a") as f:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        try:
-            deadline = time.time() + 900
-            while not until():
-                assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-                assert time.time() < deadline
-                time.sleep(0.1)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group_when(proc, until, tmp_path / "killed.log")
 
     try:
         killed_once(lambda: (ipa / "checkpoints" / "step_000001").exists())

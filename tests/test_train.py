@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import kill_group_when
 
 import algo
 import logprobs
@@ -903,16 +904,8 @@ def test_sigkill_during_sft_and_resume_continues_the_unbroken_run_bit_for_bit(ti
         proc = subprocess.Popen(cmd + ["--set", f"out_dir={out}"], cwd=ROOT, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     ckpts = out / "checkpoints"
-    try:  # the kill lands after SFT step 2's checkpoint, with SFT steps left before step 0's
-        deadline = time.time() + 900
-        while not (ckpts / "sft_000002").exists():
-            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.time() < deadline
-            time.sleep(0.01)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    # the kill lands after SFT step 2's checkpoint, with SFT steps left before step 0's
+    kill_group_when(proc, (ckpts / "sft_000002").exists, tmp_path / "first.log", poll=0.01)
     killed_at = [r["step"] for r in _records(out) if r["phase"] == "sft"]
     assert not (ckpts / "step_000000").exists(), f"the kill came too late to test it: after {killed_at}"
     resumed_from = [p.name for p in rundir.checkpoints(ckpts)]  # the newest intact one
