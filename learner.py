@@ -223,22 +223,23 @@ def padding_fraction(lengths: list[int], groups: list[list[int]]) -> float:
     return 1.0 - sum(lengths[i] for g in groups for i in g) / padded if padded else 0.0
 
 
+def _take(v, rows, T: int):
+    """One field of a Batch (or an extra tensor): its rows `rows` (an index tensor or a slice), cut
+    to the first T positions where it has a time axis; anything else as it is."""
+    if isinstance(v, list):
+        return [v[i] for i in rows.tolist()] if torch.is_tensor(rows) else v[rows]
+    if not torch.is_tensor(v):
+        return v
+    v = v[rows.to(v.device) if torch.is_tensor(rows) else rows]
+    return v[:, :T] if v.dim() == 2 else v
+
+
 def select_rows(batch, rows: list[int], extra: dict | None = None):
     """Sub-batch of `rows`, trimmed to its longest row (right padding); also slices `extra` [B,T] tensors."""
     idx = torch.as_tensor(rows, dtype=torch.long)
     T = max(int(batch.attention_mask[idx].sum(1).max()), 1)
-    fields = {}
-    for f in dataclasses.fields(batch):
-        v = getattr(batch, f.name)
-        if torch.is_tensor(v):
-            v = v[idx.to(v.device)]
-            v = v[:, :T] if v.dim() == 2 else v
-        elif isinstance(v, list):
-            v = [v[i] for i in rows]
-        fields[f.name] = v
-    sliced = {k: v[idx.to(v.device)] for k, v in (extra or {}).items()}
-    return dataclasses.replace(batch, **fields), {k: v[:, :T] if v.dim() == 2 else v
-                                                  for k, v in sliced.items()}
+    fields = {f.name: _take(getattr(batch, f.name), idx, T) for f in dataclasses.fields(batch)}
+    return dataclasses.replace(batch, **fields), {k: _take(v, idx, T) for k, v in (extra or {}).items()}
 
 
 def device_micro_batches(batch, groups: list[list[int]], lengths: list[int], dev, extra: dict | None = None):
@@ -250,15 +251,10 @@ def device_micro_batches(batch, groups: list[list[int]], lengths: list[int], dev
     whole, ex = whole.to(dev), {k: v.to(dev) for k, v in ex.items()}
     start = 0
     for g in groups:
-        a, b, T = start, start + len(g), max(max(lengths[r] for r in g), 1)
-        start = b
-        fields = {}
-        for f in dataclasses.fields(whole):
-            v = getattr(whole, f.name)
-            fields[f.name] = (v[a:b, :T] if v.dim() == 2 else v[a:b]) if torch.is_tensor(v) else \
-                (v[a:b] if isinstance(v, list) else v)
-        yield dataclasses.replace(whole, **fields), {k: v[a:b, :T] if v.dim() == 2 else v[a:b]
-                                                     for k, v in ex.items()}
+        part, T = slice(start, start + len(g)), max(max(lengths[r] for r in g), 1)
+        start += len(g)
+        fields = {f.name: _take(getattr(whole, f.name), part, T) for f in dataclasses.fields(whole)}
+        yield dataclasses.replace(whole, **fields), {k: _take(v, part, T) for k, v in ex.items()}
 
 
 def head_block(dev, setting: int) -> int:
