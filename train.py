@@ -263,10 +263,16 @@ def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
         st.update(optimizer=opt.state_dict(), scheduler=sched.state_dict())
     elif keep_sft:
         st["sft_optimizer"] = sft_opt.state_dict()
+    return whole_checkpoint(r, step, st)
+
+
+def whole_checkpoint(r: Run, step: int, st: dict, kind: str = "step") -> Path:
+    """One process's checkpoint: the weights (checked finite) as model/ in HF format and `st` as
+    trainer.pt, written atomically (save_checkpoint)."""
     full = distributed.unwrap(r.model).state_dict()
     rundir.stop_if_non_finite(step, weights=full)
     return save_checkpoint(r.out / "checkpoints", step, lambda d: learner.save_model(r.model, r.tok, d, full),
-                           st, cfg.checkpoint.keep_last)
+                           st, r.cfg.checkpoint.keep_last, kind=kind)
 
 
 def sharded_checkpoint(r: Run, step: int, st: dict, opts: dict, sched, kind: str = "step") -> Path:
@@ -334,10 +340,7 @@ def sft_checkpoint(r: Run, step: int, opt, sched, st: dict) -> Path:
     if r.world > 1:
         return sharded_checkpoint(r, step, state, {"sft_optimizer": opt}, None, kind="sft")
     state["sft"]["optimizer"] = opt.state_dict()
-    full = distributed.unwrap(r.model).state_dict()
-    rundir.stop_if_non_finite(step, weights=full)
-    return save_checkpoint(r.out / "checkpoints", step, lambda d: learner.save_model(r.model, r.tok, d, full),
-                           state, r.cfg.checkpoint.keep_last, kind="sft")
+    return whole_checkpoint(r, step, state, kind="sft")
 
 
 def sft_restore(r: Run, opt, sched) -> dict:
