@@ -334,16 +334,19 @@ def model_logprobs(model, input_ids, attention_mask=None, lengths=None, forward_
 
 
 def packed_attention(device: str) -> str | None:
-    """The attention a packed forward asks transformers for: flash-attention's varlen kernel on CUDA
-    where flash_attn is installed; else None, the model's default (SDPA), which transformers gives
-    the block-diagonal causal mask of the rows it finds in the position ids (masking_utils,
-    find_packed_sequence_indices)."""
+    """The attention a packed forward asks transformers for. On CUDA: flash-attention's varlen kernel
+    where flash_attn is installed, else torch's flex attention, whose block mask (transformers builds
+    it from the rows it finds in the position ids: masking_utils.find_packed_sequence_indices) skips
+    the blocks between rows; SDPA would attend the whole packed sequence under a dense L x L mask. On
+    CPU: None, the model's default (SDPA under that mask): flex attention has no backward on CPU, and
+    a CPU micro-batch is short (tests/test_packing.py checks each path's log-probs against padding;
+    scripts/gpu_check.py's packed item the GPU's gradients)."""
     if not device.startswith("cuda"):
         return None
     try:
         import flash_attn  # noqa: F401 -- only whether it is there
     except ImportError:
-        return None
+        return "flex_attention"
     return "flash_attention_2"
 
 

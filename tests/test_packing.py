@@ -35,12 +35,13 @@ def both_paths(model, ids, att, lengths, **kw):
     return out
 
 
-def tiny_qwen3(dtype):
+def tiny_qwen3(dtype, attn=None):
     from transformers import AutoModelForCausalLM, Qwen3Config
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
-    return AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
+    kw = {"attn_implementation": attn} if attn else {}
+    return AutoModelForCausalLM.from_config(cfg, **kw).to(dtype).eval()
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-5), (torch.bfloat16, 0.1)])
@@ -51,6 +52,29 @@ def test_packed_logprobs_equal_the_padded_paths_on_a_tiny_model(dtype, tol):
         (lp, ent), (plp, pent) = both_paths(model, ids, att, LENGTHS, temperature=0.9, top_k=40)
     assert (lp - plp).abs().max() <= tol and (ent - pent).abs().max() <= tol, ((lp - plp).abs().max(), dtype)
     assert lp.abs().sum() > 0 and (plp[torch.cumsum(torch.tensor([0] + LENGTHS[:-1]), 0)] == 0).all()
+
+
+def test_a_gpu_without_flash_attn_packs_under_flex_attention_and_its_logprobs_are_paddings():
+    """On CUDA without flash_attn the packed rows go through flex attention (its block mask skips
+    the blocks between rows; SDPA's would be a dense L x L mask). Its forward runs on CPU too, so
+    its log-probs are checked here against the padded SDPA path's; its backward runs on a GPU only
+    (scripts/gpu_check.py's packed item)."""
+    try:
+        import flash_attn  # noqa: F401
+        want = "flash_attention_2"
+    except ImportError:
+        want = "flex_attention"
+    assert learner.packed_attention("cuda") == want and learner.packed_attention("cpu") is None
+    padded, flex = tiny_qwen3(torch.float32), tiny_qwen3(torch.float32, "flex_attention")
+    assert flex.config._attn_implementation == "flex_attention"
+    flex.load_state_dict(padded.state_dict())
+    ids, att = rows_of(300)
+    real = att.bool()
+    with torch.no_grad():
+        lp, ent = learner.model_logprobs(padded, ids, att, None, with_entropy=True, top_k=40)
+        plp, pent = learner.model_logprobs(flex, ids, att, LENGTHS, with_entropy=True, top_k=40)
+    assert (lp[real] - plp[real]).abs().max() <= 2e-5 and (ent[real] - pent[real]).abs().max() <= 2e-5
+    assert lp[real].abs().sum() > 0
 
 
 def test_a_packed_rl_step_moves_the_weights_as_the_padded_one(tmp_path):
