@@ -147,7 +147,7 @@ class TrainConfig:
     head_block_logits: Annotated[int, ">= 0"] = 0            # logits per output-head block (caps its memory);
     #                                                          0 = by device: 1/16 free GPU memory, CPU 2^24
     pack_rows: bool = False                                  # a micro-batch's rows as one unpadded sequence
-    #                                                          (flash-attention varlen where installed)
+    #                                                          (GPU: flash-attention varlen, else flex)
 
 
 @dataclass

@@ -140,7 +140,7 @@ def activation_items(s: Shape, tokens: int, c: int, checkpointing: bool, residua
     a compute-dtype copy of every targeted input is kept for backward (Σ in_dim), and the fp32
     copy of the widest lives while its linear runs. The output head runs in blocks of head_logits
     logits (logprobs.head_block_logits), logprobs.HEAD_BYTES_PER_LOGIT bytes each at once;
-    `mask_bytes` is the attention mask's (padded rows, or packed rows without flash-attention)."""
+    `mask_bytes` is the attention mask's (padded rows: attention_mask_bytes)."""
     r = c if residual is None else residual
     per_layer = c * (2 * s.hidden + 4 * s.intermediate + 2 * s.q_dim + 2 * s.kv_dim) + r * 4 * s.hidden
     ins = {"q_proj": s.hidden, "k_proj": s.hidden, "v_proj": s.hidden, "o_proj": s.q_dim,
@@ -168,15 +168,12 @@ def activation_bytes(s: Shape, tokens: int, c: int, checkpointing: bool, **kw) -
 
 
 def attention_mask_bytes(budget: int, packed: bool) -> int:
-    """The attention mask SDPA gets for a micro-batch of `budget` tokens (a bool [B,1,T,T] from
-    transformers and SDPA's own additive copy in the compute dtype): none for a row alone or
-    under flash-attention's varlen kernel (packed, flash_attn installed); at most two rows of half
-    the budget when padded (B·T² with B·T ≤ budget); the whole budget squared when packed without
-    flash-attention (one block-diagonal mask)."""
-    import importlib.util
-    if packed:
-        return 0 if importlib.util.find_spec("flash_attn") else 3 * budget ** 2
-    return 3 * budget ** 2 // 2
+    """The attention mask SDPA gets for a GPU micro-batch of `budget` tokens (a bool [B,1,T,T] from
+    transformers and SDPA's own additive copy in the compute dtype): none for a row alone; at most
+    two rows of half the budget when padded (B·T² with B·T ≤ budget); none worth counting when
+    packed, which on a GPU runs flash-attention's varlen kernel (no mask) or flex attention, whose
+    block mask holds a few ints per 128 x 128 block (learner.packed_attention)."""
+    return 0 if packed else 3 * budget ** 2 // 2
 
 
 def engine_bytes(s: Shape, card: int, utilisation: float, c: int, max_model_len: int) -> dict:
