@@ -408,3 +408,13 @@ def make_engine(cfg, model_path, device: str):
                       enforce_eager=cfg.engine.enforce_eager, verbose=cfg.verbose,
                       cpu_kvcache_gb=cfg.engine.cpu_kvcache_gb,
                       **distributed.engine_launch_kwargs(), **cfg.engine.extra)
+
+
+def engine_topk_rule(kind: str) -> str:
+    """The rule (logprobs.topk_rule) this process's engine keeps its top-k / top-p support by: vLLM's
+    sampler masks with its Triton kernel wherever vLLM found Triton usable, else with PyTorch;
+    transformers' warpers keep every token tied with the k-th, as vLLM's PyTorch path does."""
+    if kind == "hf":
+        return "ties"
+    from vllm.triton_utils import HAS_TRITON
+    return "exact" if HAS_TRITON else "ties"

@@ -21,8 +21,6 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 
-import docker
-
 from container import (KILL_INSIDE, LABEL, Capped, HostDown, InfraError, bash_exec, changes, owner_labels,
                        register, remove)
 from inspection import (ReadWatch, cgroup_dirs, describe, exists_in_root, first_child, names_container,
@@ -162,6 +160,7 @@ def _grade(term) -> Grade:
 @contextlib.contextmanager
 def _paused(term, pause: bool):
     """The container frozen (docker pause) while the block runs, when pause."""
+    import docker  # imported here so rollout (and config.rollout_cfg) import without the docker SDK
     if pause:
         term.client.api.pause(term.id)
     try:
@@ -304,6 +303,7 @@ def _read_reward(box) -> tuple[int, str]:
     """(0, "path\\ncontent") of the first reward file the runner left, read once it exited from the
     host (a regular file of the container's root: inspection.read_in_root) or through the Docker API;
     (3, "") when there is none. reward.json wins over reward.txt, as in Harbor."""
+    import docker  # as in _paused
     for path in ("/logs/verifier/reward.json", "/logs/verifier/reward.txt"):
         if box.local:
             root = f"/proc/{box.host_pid}/root"

@@ -45,7 +45,7 @@ import logprobs
 import difficulty
 from difficulty import step_tasks  # noqa: F401 -- the data order, as tests call it (train.step_tasks)
 import distributed
-from engines import make_engine
+from engines import engine_topk_rule, make_engine
 import env
 from env import make_env
 import hosts
@@ -80,16 +80,6 @@ def rank_share(items: list, rank: int, world: int) -> tuple[list, int]:
 
 # -----------------------------------------------------------------------------------------------
 # engine, weight sync, sync check, Docker
-
-
-def engine_topk_rule(kind: str) -> str:
-    """The rule (logprobs.topk_rule) this process's engine keeps its top-k / top-p support by: vLLM's
-    sampler masks with its Triton kernel wherever vLLM found Triton usable, else with PyTorch;
-    transformers' warpers keep every token tied with the k-th, as vLLM's PyTorch path does."""
-    if kind == "hf":
-        return "ties"
-    from vllm.triton_utils import HAS_TRITON
-    return "exact" if HAS_TRITON else "ties"
 
 
 def check_topk_rule(cfg: Config, rcfg, device: str):

