@@ -282,7 +282,7 @@ def plot(curves: dict, out: Path) -> str:
     return f"plot: {out}"
 
 
-def main(argv=None):
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "tiny.yaml"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -304,7 +304,11 @@ def main(argv=None):
     ap.add_argument("--no-branch", action="store_true",
                     help="each variant runs its own SFT (train.py alone) instead of branching from "
                          "one a seed")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     names, variants, reference = pick_variants(args)
     seeds = sorted(set(args.seeds))
     args.config = str(Path(args.config).resolve())  # train.py runs from the repository root

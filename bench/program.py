@@ -12,19 +12,20 @@ leak into a half-done series (the commit is logged at every start). A second dri
 runs/ is refused (runs/program.lock). A job that fails is logged and left for the next start; the
 queue goes on with the next one.
 
-The queue, most informative first (the headline's start depends on the SFT curve, and every RL
-row is read against its seed's SFT-only policy and control):
+The queue, most informative first (the headline's start depends on the SFT curve, its recipe on
+the recipes' seed 0, and every RL row is read against its seed's SFT-only policy and control):
 1. the SFT curve of configs/smollm2-multistep.yaml, seed 0, budgets SFT_CURVE, without early stop,
    train.steps=0: val_oracle_prob every 5 steps and the SFT-only policy's held-out eval (its
    step-0 eval). The plateau budget is the one with the best held-out success (fewer steps on a
    tie); while no curve run has finished, the config's 60.
-2. the headline, configs/smollm2-multistep-ipa.yaml (IPA as the paper gives it) at the plateau
-   budget: seed 0, then seeds 1 2: SFT once a seed, IPA branched from it, and the control of
-   CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-headline).
-3. other recipes on seed 0 (a 5x lr; the CPU configs' successes-only loss), then the one-key
-   variants on seed 0 (token level, prefilled starts, GRPO at 3 lrs), then seeds 1 2 of each,
-   GRPO at its best seed-0 lr (runs/compare-multistep-recipes, runs/compare-multistep-onekey);
-   the CPU demo's control comes after the recipes' seed 0 (runs/compare-demo).
+2. the RL recipes on seed 0, from the plateau's SFT checkpoint (runs/compare-multistep-recipes):
+   IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, and the CPU configs'
+   successes-only loss, with the control of CONTROL_STEPS more SFT steps from the same checkpoint.
+3. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
+   while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline).
+4. the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
+   (runs/compare-multistep-onekey); the CPU demo's control (runs/compare-demo); then seeds 1 2 of
+   the one-key rows, GRPO at its best seed-0 lr; last, the other recipes' seeds 1 2.
 """
 import argparse
 import fcntl
@@ -93,6 +94,37 @@ def grpo_variants(seeds: list) -> list:
     return (["grpo"] if "grpo" in lrs else []), out
 
 
+RECIPES = {  # IPA as published (the config), and the recipes tried beside it: keys on top of "ipa"
+    "ipa": [],
+    "ipa-lr1e-4": ["train.lr=1e-4"],  # 5x the lr: no KL term holds it (algo.kl_coef 0)
+    # the CPU configs' loss: failures carry no value (R = 0), 16 tasks x 2 episodes a step
+    "ipa-successes": ["algo.negative_reward=0.0", "train.tasks_per_step=16", "train.group_size=2"],
+}
+
+
+def best_recipe() -> str:
+    """The recipe whose seed-0 run ended with the best held-out success; "ipa" on a tie or before
+    any has finished."""
+    got = {}
+    for name in RECIPES:
+        run_dir = ROOT / "runs" / f"smollm2-multistep-{name}-seed0"
+        if run_action(run_dir, 20) == "summarise":
+            got[name] = final_eval(run_dir)["success"]
+    if not got:
+        return "ipa"
+    best = max(got, key=lambda n: (got[n], n == "ipa"))
+    log("recipes on seed 0, held-out success: " + ", ".join(f"{n}: {x:.1%}" for n, x in got.items())
+        + f"; the headline's: {best}")
+    return best
+
+
+def recipe_variant(recipe: str, change: str = "", keys: list = ()) -> list:
+    """The --variant argument of a recipe (its keys on top of "ipa", the config's IPA), or of its
+    one-key variant recipe-change with `keys` on top."""
+    name = f"{recipe}-{change}" if change else recipe
+    return ["--variant", f"{name}=" + ",".join(VARIANTS["ipa"] + RECIPES[recipe] + list(keys))]
+
+
 def compare(out: str, seeds: list, variants: list, extra: list = ()) -> list:
     return ["--config", IPA, "--seeds", *seeds, "--variants", *variants, *extra,
             "--sft-more", str(CONTROL_STEPS), "--set", f"sft.steps={plateau()}",
@@ -100,17 +132,29 @@ def compare(out: str, seeds: list, variants: list, extra: list = ()) -> list:
 
 
 def recipes(seeds: list) -> list:
-    """IPA against a 5x lr (no KL term to hold it: algo.kl_coef is 0) and against the CPU configs'
-    successes-only recipe (R = 0 for failures, 16 tasks x 2 a step)."""
-    return compare("recipes", seeds, ["ipa", "ipa-lr1e-4", "ipa-successes"],
-                   ["--variant", "ipa-lr1e-4=train.lr=1e-4", "--variant",
-                    "ipa-successes=algo.negative_reward=0.0,train.tasks_per_step=16,train.group_size=2"])
+    """The published IPA against the other recipes."""
+    extra = [a for name in RECIPES if name != "ipa" for a in recipe_variant(name)]
+    return compare("recipes", seeds, list(RECIPES), extra)
 
 
-def onekey(seeds: list) -> list:
-    """IPA against one key changed: token level, prefilled starts; and GRPO (several keys)."""
+def headline(seeds: list, best: str | None = None) -> list:
+    best = best or best_recipe()
+    return compare("headline", seeds, [best], [] if best == "ipa" else recipe_variant(best))
+
+
+def onekey(seeds: list, best: str | None = None) -> list:
+    """The headline recipe against one key changed: token level, prefilled starts; and GRPO
+    (several keys). A one-key variant of a recipe other than "ipa" is named recipe-change."""
+    best = best or best_recipe()
     grpo, extra = grpo_variants(seeds)
-    return compare("onekey", seeds, ["ipa", "ipa-token", "ipa-prefill", *grpo], extra)
+    changed = {"token": ["algo.level=token"], "prefill": ["rollout.prefill_prob=0.5"]}
+    if best == "ipa":
+        names = ["ipa", "ipa-token", "ipa-prefill"]
+    else:
+        names = [best] + [f"{best}-{k}" for k in changed]
+        extra = recipe_variant(best) + [a for k, keys in changed.items()
+                                        for a in recipe_variant(best, k, keys)] + extra
+    return compare("onekey", seeds, names + grpo, extra + ["--reference", best])
 
 
 def demo_control() -> list:
@@ -123,11 +167,10 @@ def demo_control() -> list:
 # a job: ("train", config, sets), or ("compare", a function of no arguments giving compare_algos'
 # arguments when the job starts: what it reads of earlier runs is there by then)
 JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
-    ("compare", lambda: compare("headline", ["0"], ["ipa"]), []),
-    ("compare", lambda: compare("headline", SEEDS, ["ipa"]), []),
     ("compare", lambda: recipes(["0"]), []),
-    ("compare", demo_control, []),
+    ("compare", lambda: headline(SEEDS), []),
     ("compare", lambda: onekey(["0"]), []),
+    ("compare", demo_control, []),
     ("compare", lambda: onekey(SEEDS), []),
     ("compare", lambda: recipes(SEEDS), []),
 ]

@@ -48,6 +48,34 @@ def test_each_ablation_differs_from_ipa_in_one_key_and_grpo_lists_its_keys():
     assert diff_lines(same, "b") == ["- **a**: no key differs from b", "- **b**: the reference"]
 
 
+@pytest.mark.parametrize("recipe", ["ipa", "ipa-lr1e-4", "ipa-successes"])
+def test_the_programs_one_key_rows_differ_from_its_headline_recipe_in_one_key(recipe):
+    """bench/program.py builds compare_algos arguments: they parse, the headline recipe is the
+    reference, and its token-level and prefilled rows differ from it in one key each."""
+    import program
+    args = compare_algos.parse_args(program.onekey(["0"], recipe))
+    names, variants, reference = compare_algos.pick_variants(args)
+    assert reference == recipe and names[0] == recipe and "grpo" in names
+    ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
+    used = {n: resolved(config.load_config(ipa, variants[n] + [f"run_name={n}"])) for n in names[:3]}
+    assert diff_lines(used, recipe)[1:] == [
+        f"- **{names[1]}**: `algo.level` token ({recipe}: chunk)",
+        f"- **{names[2]}**: `rollout.prefill_prob` 0.5 ({recipe}: 0.0)"]
+    head = compare_algos.parse_args(program.headline(["0", "1", "2"], recipe))
+    assert compare_algos.pick_variants(head)[0] == [recipe] and head.sft_more == program.CONTROL_STEPS
+
+
+def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
+    import program
+    ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
+    names, variants, _ = compare_algos.pick_variants(compare_algos.parse_args(program.recipes(["0"])))
+    used = {n: resolved(config.load_config(ipa, variants[n] + [f"run_name={n}"])) for n in names}
+    assert diff_lines(used, "ipa")[1:] == [
+        "- **ipa-lr1e-4**: `train.lr` 0.0001 (ipa: 2e-05)",
+        "- **ipa-successes**: `algo.negative_reward` 0.0 (ipa: -1.0); `rollout.group_size` 2 (ipa: 8); "
+        "`train.group_size` 2 (ipa: 8); `train.tasks_per_step` 16 (ipa: 4)"]
+
+
 def _finished(run_dir: Path, steps: int, evals: dict):
     """A run directory as train.py leaves a finished run (the files compare_algos reads)."""
     ck = run_dir / "checkpoints" / f"step_{steps:06d}"
