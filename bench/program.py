@@ -50,6 +50,7 @@ SFT_CURVE = [60, 150, 100, 30]  # the config's budget first: the headline's fall
 # step of 32 episodes takes ~95 s and an SFT step of 8 trajectories 8-10 s (docs/results.md "Where
 # SmolLM2's time goes"), so 20 RL steps ~ 200 SFT steps. Each run's summary logs its wall time.
 CONTROL_STEPS = 200
+RL_STEPS = 20  # configs/smollm2-multistep-ipa.yaml's train.steps: a run with them all has finished
 GRPO_LRS = {"grpo-lr5e-6": 5e-6, "grpo": None, "grpo-lr1e-4": 1e-4}  # None: the config's 2e-5
 SEEDS = ["0", "1", "2"]
 
@@ -60,13 +61,16 @@ def sft_job(steps: int, seed: int) -> tuple:
     return ("train", MULTISTEP, sets)
 
 
+def finished_success(runs: dict, steps: int) -> dict:
+    """{key: final held-out success} of those runs ({key: run name under runs/}) that finished
+    their `steps` RL steps."""
+    return {key: final_eval(ROOT / "runs" / name)["success"] for key, name in runs.items()
+            if run_action(ROOT / "runs" / name, steps) == "summarise"}
+
+
 def plateau() -> int:
     """The SFT budget of the curve with the best held-out success of its SFT-only policy."""
-    got = {}
-    for n in SFT_CURVE:
-        run_dir = ROOT / "runs" / f"smollm2-multistep-sft{n}-seed0"
-        if run_action(run_dir, 0) == "summarise":
-            got[n] = final_eval(run_dir)["success"]
+    got = finished_success({n: f"smollm2-multistep-sft{n}-seed0" for n in SFT_CURVE}, 0)
     if not got:
         log("no SFT curve run finished: the headline starts from the config's 60 SFT steps")
         return 60
@@ -80,11 +84,7 @@ def grpo_variants(seeds: list) -> list:
     """--variant arguments of GRPO at each lr (seed 0), or at its best seed-0 lr (more seeds)."""
     lrs = GRPO_LRS
     if seeds != ["0"]:
-        got = {}
-        for name in lrs:
-            run_dir = ROOT / "runs" / f"smollm2-multistep-{name}-seed0"
-            if run_action(run_dir, 20) == "summarise":
-                got[name] = final_eval(run_dir)["success"]
+        got = finished_success({name: f"smollm2-multistep-{name}-seed0" for name in lrs}, RL_STEPS)
         if got:
             lrs = {max(got, key=got.get): lrs[max(got, key=got.get)]}
     out = []
@@ -105,11 +105,7 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
 def best_recipe() -> str:
     """The recipe whose seed-0 run ended with the best held-out success; "ipa" on a tie or before
     any has finished."""
-    got = {}
-    for name in RECIPES:
-        run_dir = ROOT / "runs" / f"smollm2-multistep-{name}-seed0"
-        if run_action(run_dir, 20) == "summarise":
-            got[name] = final_eval(run_dir)["success"]
+    got = finished_success({name: f"smollm2-multistep-{name}-seed0" for name in RECIPES}, RL_STEPS)
     if not got:
         return "ipa"
     best = max(got, key=lambda n: (got[n], n == "ipa"))
