@@ -25,7 +25,10 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
    while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline).
 4. the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
    (runs/compare-multistep-onekey); the CPU demo's control (runs/compare-demo); then seeds 1 2 of
-   the one-key rows, GRPO at its best seed-0 lr; last, the other recipes' seeds 1 2.
+   the one-key rows, GRPO at its best seed-0 lr; then the other recipes' seeds 1 2.
+5. the second real model, Gemma 3 270M (configs/gemma3-multistep.yaml): its SFT curve on seed 0
+   (GEMMA_CURVE), then the published IPA from its plateau on seeds 0 1 2 with its control
+   (runs/compare-gemma3-multistep-headline).
 """
 import argparse
 import fcntl
@@ -55,10 +58,17 @@ GRPO_LRS = {"grpo-lr5e-6": 5e-6, "grpo": None, "grpo-lr1e-4": 1e-4}  # None: the
 SEEDS = ["0", "1", "2"]
 
 
-def sft_job(steps: int, seed: int) -> tuple:
+# The second real model: the SmolLM2 configs with Gemma's keys on top (configs/gemma3-multistep.yaml's)
+GEMMA = "configs/gemma3-multistep.yaml"
+GEMMA_SETS = ["model.path=out/gemma3-270m", "model.fetch=python scripts/get_gemma3.py",
+              "run_name=gemma3-multistep"]
+GEMMA_CURVE = [60, 150]
+
+
+def sft_job(steps: int, seed: int, prefix: str = "smollm2-multistep") -> tuple:
     sets = [f"sft.steps={steps}", "sft.stop_at_val_prob=0", "train.steps=0", f"seed={seed}",
-            f"run_name=smollm2-multistep-sft{steps}-seed{seed}"]
-    return ("train", MULTISTEP, sets)
+            f"run_name={prefix}-sft{steps}-seed{seed}"]
+    return ("train", MULTISTEP if prefix.startswith("smollm2") else GEMMA, sets)
 
 
 def finished_success(runs: dict, steps: int) -> dict:
@@ -68,9 +78,9 @@ def finished_success(runs: dict, steps: int) -> dict:
             if run_action(ROOT / "runs" / name, steps) == "summarise"}
 
 
-def plateau() -> int:
+def plateau(prefix: str = "smollm2-multistep", curve: list = SFT_CURVE) -> int:
     """The SFT budget of the curve with the best held-out success of its SFT-only policy."""
-    got = finished_success({n: f"smollm2-multistep-sft{n}-seed0" for n in SFT_CURVE}, 0)
+    got = finished_success({n: f"{prefix}-sft{n}-seed0" for n in curve}, 0)
     if not got:
         log("no SFT curve run finished: the headline starts from the config's 60 SFT steps")
         return 60
@@ -127,6 +137,14 @@ def compare(out: str, seeds: list, variants: list, extra: list = ()) -> list:
             "--out", f"runs/compare-multistep-{out}"]
 
 
+def gemma_headline() -> list:
+    """The published IPA on Gemma 3 270M, 3 seeds, from its own SFT plateau, with its control."""
+    sets = [a for kv in GEMMA_SETS for a in ("--set", kv)]
+    return ["--config", IPA, "--seeds", *SEEDS, "--variants", "ipa", *sets, "--sft-more", str(CONTROL_STEPS),
+            "--set", f"sft.steps={plateau('gemma3-multistep', GEMMA_CURVE)}",
+            "--out", "runs/compare-gemma3-multistep-headline"]
+
+
 def recipes(seeds: list) -> list:
     """The published IPA against the other recipes."""
     extra = [a for name in RECIPES if name != "ipa" for a in recipe_variant(name)]
@@ -169,7 +187,7 @@ JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
     ("compare", demo_control, []),
     ("compare", lambda: onekey(SEEDS), []),
     ("compare", lambda: recipes(SEEDS), []),
-]
+] + [sft_job(n, 0, "gemma3-multistep") for n in GEMMA_CURVE] + [("compare", gemma_headline, [])]
 
 
 def log(msg: str):

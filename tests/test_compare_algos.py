@@ -227,3 +227,20 @@ def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(
             shutil.rmtree(d, ignore_errors=True)
         for d in runs.glob(f"{name}-*"):  # a run moved aside when the kill came before its checkpoint
             shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_changed():
+    """Gemma's SFT runs (configs/gemma3-multistep.yaml) and its headline (the IPA config with
+    Gemma's keys on top) resolve to the same settings as each other's SFT, and to SmolLM2's but
+    for the model."""
+    import program
+    args = compare_algos.parse_args(program.gemma_headline())
+    names, variants, _ = compare_algos.pick_variants(args)
+    ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
+    gemma = resolved(config.load_config(ipa, args.set + variants["ipa"]))
+    smollm2 = resolved(config.load_config(ipa, variants["ipa"]))
+    assert sorted(k for k in gemma if gemma[k] != smollm2.get(k)) == ["model.fetch", "model.path"]
+    kind, path, sets = program.sft_job(60, 0, "gemma3-multistep")
+    curve = resolved(config.load_config(ROOT / path, sets))
+    sft = {k: v for k, v in gemma.items() if k.startswith(("sft.", "model.", "data."))}
+    assert sft == {k: v for k, v in curve.items() if k in sft}
