@@ -527,3 +527,29 @@ def test_the_command_that_broke_the_framing_carries_the_notice(docker_env, easy_
             assert r.shell_restarted and "changed the shell" in r.output, (cmd, r)
         else:
             assert (r.exit_code, r.shell_restarted) == (0, False), (cmd, r)
+
+
+def test_an_exec_socket_closed_as_the_session_starts_is_an_ended_exec_tried_again(easy_tasks, monkeypatch):
+    """A daemon under load can answer a session's exec start with a connection it already closed
+    (the socket's file descriptor -1): that start ends as an exec that ended (tried once more), not
+    as an error that makes the episode infra (ValueError: file descriptor cannot be a negative
+    integer)."""
+    import docker
+    real, closed = docker.api.client.APIClient.exec_start, []
+
+    def first_one_closed(self, exec_id, *args, **kw):
+        out = real(self, exec_id, *args, **kw)
+        if kw.get("socket") and not closed:
+            closed.append(exec_id)
+            sock = out._sock   # the reader, then the socket closed: its descriptor is gone (-1)
+            out.close()
+            sock.close()
+            out._sock = sock
+        return out
+    monkeypatch.setattr(docker.api.client.APIClient, "exec_start", first_one_closed)
+    e = E.Env(warm=0)
+    try:
+        with e.reset(easy_tasks[0]) as term:
+            assert closed and term.run("echo ok").output == "ok\n"
+    finally:
+        e.close()
