@@ -27,7 +27,7 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
    (runs/compare-multistep-onekey); the CPU demo's control (runs/compare-demo); then seeds 1 2 of
    the one-key rows, GRPO at its best seed-0 lr; then the other recipes' seeds 1 2.
 5. the second real model, Gemma 3 270M (configs/gemma3-multistep.yaml): its SFT curve on seed 0
-   (GEMMA_CURVE), then the published IPA from its plateau on seeds 0 1 2 with its control
+   (MODELS), then the published IPA from its plateau on seeds 0 1 2 with its control
    (runs/compare-gemma3-multistep-headline).
 """
 import argparse
@@ -59,17 +59,20 @@ GRPO_LRS = {"grpo-lr5e-6": 5e-6, "grpo": None, "grpo-lr1e-4": 1e-4}  # None: the
 SEEDS = ["0", "1", "2"]
 
 
-# The second real model: the SmolLM2 configs with Gemma's keys on top (configs/gemma3-multistep.yaml's)
-GEMMA = "configs/gemma3-multistep.yaml"
-GEMMA_SETS = ["model.path=out/gemma3-270m", "model.fetch=python scripts/get_gemma3.py",
-              "run_name=gemma3-multistep"]
-GEMMA_CURVE = [60, 150]
+# Each model's rows: run names start with its prefix. (the config of its SFT runs, its SFT budgets,
+# its keys on top of the IPA config: the second real model's are configs/gemma3-multistep.yaml's)
+MODELS = {
+    "smollm2-multistep": (MULTISTEP, SFT_CURVE, []),
+    "gemma3-multistep": ("configs/gemma3-multistep.yaml", [60, 150],
+                         ["model.path=out/gemma3-270m", "model.fetch=python scripts/get_gemma3.py",
+                          "run_name=gemma3-multistep"]),
+}
 
 
 def sft_job(steps: int, seed: int, prefix: str = "smollm2-multistep") -> tuple:
     sets = [f"sft.steps={steps}", "sft.stop_at_val_prob=0", "train.steps=0", f"seed={seed}",
             f"run_name={prefix}-sft{steps}-seed{seed}"]
-    return ("train", MULTISTEP if prefix.startswith("smollm2") else GEMMA, sets)
+    return ("train", MODELS[prefix][0], sets)
 
 
 def finished_success(runs: dict, steps: int) -> dict:
@@ -79,9 +82,9 @@ def finished_success(runs: dict, steps: int) -> dict:
             if run_action(ROOT / "runs" / name, steps) == "summarise"}
 
 
-def plateau(prefix: str = "smollm2-multistep", curve: list = SFT_CURVE) -> int:
-    """The SFT budget of the curve with the best held-out success of its SFT-only policy."""
-    got = finished_success({n: f"{prefix}-sft{n}-seed0" for n in curve}, 0)
+def plateau(prefix: str = "smollm2-multistep") -> int:
+    """The SFT budget of the model's curve with the best held-out success of its SFT-only policy."""
+    got = finished_success({n: f"{prefix}-sft{n}-seed0" for n in MODELS[prefix][1]}, 0)
     if not got:
         log("no SFT curve run finished: the headline starts from the config's 60 SFT steps")
         return 60
@@ -97,7 +100,8 @@ def grpo_variants(seeds: list) -> list:
     if seeds != ["0"]:
         got = finished_success({name: f"smollm2-multistep-{name}-seed0" for name in lrs}, RL_STEPS)
         if got:
-            lrs = {max(got, key=got.get): lrs[max(got, key=got.get)]}
+            best = max(got, key=got.get)
+            lrs = {best: lrs[best]}
     out = []
     for name, lr in lrs.items():
         if name != "grpo":
@@ -132,18 +136,14 @@ def recipe_variant(recipe: str, change: str = "", keys: list = ()) -> list:
     return ["--variant", f"{name}=" + ",".join(VARIANTS["ipa"] + RECIPES[recipe] + list(keys))]
 
 
-def compare(out: str, seeds: list, variants: list, extra: list = ()) -> list:
-    return ["--config", IPA, "--seeds", *seeds, "--variants", *variants, *extra,
-            "--sft-more", str(CONTROL_STEPS), "--set", f"sft.steps={plateau()}",
-            "--out", f"runs/compare-multistep-{out}"]
-
-
-def gemma_headline() -> list:
-    """The published IPA on Gemma 3 270M, 3 seeds, from its own SFT plateau, with its control."""
-    sets = [a for kv in GEMMA_SETS for a in ("--set", kv)]
-    return ["--config", IPA, "--seeds", *SEEDS, "--variants", "ipa", *sets, "--sft-more", str(CONTROL_STEPS),
-            "--set", f"sft.steps={plateau('gemma3-multistep', GEMMA_CURVE)}",
-            "--out", "runs/compare-gemma3-multistep-headline"]
+def compare(out: str, seeds: list, variants: list, extra: list = (),
+            prefix: str = "smollm2-multistep") -> list:
+    """compare_algos' arguments for the model's rows (from its SFT plateau, with the control), its
+    table in runs/compare-multistep-<out> (SmolLM2) or runs/compare-<prefix>-<out>."""
+    sets = [a for kv in MODELS[prefix][2] for a in ("--set", kv)]
+    return ["--config", IPA, "--seeds", *seeds, "--variants", *variants, *extra, *sets,
+            "--sft-more", str(CONTROL_STEPS), "--set", f"sft.steps={plateau(prefix)}",
+            "--out", f"runs/compare-{prefix.removeprefix('smollm2-')}-{out}"]
 
 
 def recipes(seeds: list) -> list:
@@ -188,7 +188,10 @@ JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
     ("compare", demo_control, []),
     ("compare", lambda: onekey(SEEDS), []),
     ("compare", lambda: recipes(SEEDS), []),
-] + [sft_job(n, 0, "gemma3-multistep") for n in GEMMA_CURVE] + [("compare", gemma_headline, [])]
+] + [sft_job(n, 0, "gemma3-multistep") for n in MODELS["gemma3-multistep"][1]] + [
+    # the published IPA on Gemma, from its own plateau
+    ("compare", lambda: compare("headline", SEEDS, ["ipa"], prefix="gemma3-multistep"), []),
+]
 
 
 def log(msg: str):

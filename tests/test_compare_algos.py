@@ -234,12 +234,13 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
     Gemma's keys on top) resolve to the same settings as each other's SFT, and to SmolLM2's but
     for the model."""
     import program
-    args = compare_algos.parse_args(program.gemma_headline())
+    args = compare_algos.parse_args(program.JOBS[-1][1]())  # the last job: Gemma's headline
     names, variants, _ = compare_algos.pick_variants(args)
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
     gemma = resolved(config.load_config(ipa, args.set + variants["ipa"]))
     smollm2 = resolved(config.load_config(ipa, variants["ipa"]))
     assert sorted(k for k in gemma if gemma[k] != smollm2.get(k)) == ["model.fetch", "model.path"]
+    assert args.out == "runs/compare-gemma3-multistep-headline"
     kind, path, sets = program.sft_job(60, 0, "gemma3-multistep")
     curve = resolved(config.load_config(ROOT / path, sets))
     sft = {k: v for k, v in gemma.items() if k.startswith(("sft.", "model.", "data."))}
