@@ -44,7 +44,9 @@ TERMS = ["GEMMA_TERMS.html", "NOTICE.md"]  # in the glue wheel, kept beside the 
 CHECK_PROMPT = "<bos>$ ls -la /tmp && cat notes.txt | grep -c TODO\n"
 
 # Gemma 3's turn format, as Google's instruction-tuned Gemma 3 uses it, so SFT and RL teach the base
-# model the turns its instruction-tuned sibling was tuned on. Each choice, and where it leaves Google's:
+# model the turns its instruction-tuned sibling was tuned on. Each choice, and where it leaves Google's
+# (tests/test_gemma3.py::test_gemma_turns_are_exact_token_deltas renders one exchange and checks
+# its text and tokens; ...::test_turn_tokens_are_single_special_tokens_and_end_of_turn_stops):
 # - {{ bos_token }} first: Gemma always sees <bos> at a sequence's start, and ChatFormat encodes
 #   without the tokenizer's own special tokens (this one adds none anyway).
 # - The system message is folded into the first turn after it, its content + "\n\n" before the
