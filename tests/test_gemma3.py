@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # also when run as a script (engine_gaps)
 import config  # noqa: E402
 import get_gemma3  # noqa: E402
+import gguf_wheels  # noqa: E402
 from chat import TOOLS, ChatFormat, hermes_messages, parse_tool_call, tool_call_text  # noqa: E402
 from generated_tasks import generate_multistep_tasks  # noqa: E402
 from task_folders import oracle_commands  # noqa: E402
@@ -84,30 +85,27 @@ def test_get_gemma3_refuses_wrong_or_missing_wheels_and_leaves_nothing(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wheels"] and len(list(wheels.iterdir())) == 5
 
 
-def test_a_folder_an_older_get_gemma3_made_is_made_again(tmp_path, monkeypatch):
+def test_a_folder_an_older_get_gemma3_made_is_made_again(tmp_path):
     """Catches a folder converted before the turn format (or with another template) being returned
-    as finished: its termrl-source.json lacks this script's `chat` record, so get() makes the folder
-    again and swaps it in; a current folder is returned untouched."""
-    out, wheels = tmp_path / "model", tmp_path / "wheels"
+    as finished: its termrl-source.json lacks get_gemma3's `chat` record, so build_once (what get()
+    calls with that record) makes the folder again and swaps it in; a current folder is returned
+    untouched. `make` writes an empty model: the dequantisation itself is the other tests'."""
+    out = tmp_path / "model"
     out.mkdir()
     (out / "termrl-source.json").write_text(json.dumps({"gguf_sha256": get_gemma3.GGUF_SHA256}))
     (out / "old").write_text("")
-    wheels.mkdir()
-    for p in get_gemma3.WHEELS:
-        (wheels / get_gemma3.wheel_file(p)).write_bytes(b"")
     made = []
 
-    def convert(paths, work):  # a stand-in for the minute-long dequantisation
+    def make(work):
         (work / "model").mkdir()
         made.append(work)
         return {"gguf_sha256": get_gemma3.GGUF_SHA256}
-    monkeypatch.setattr(get_gemma3, "verify", lambda *a: None)
-    monkeypatch.setattr(get_gemma3, "convert", convert)
-    assert get_gemma3.get(out, wheels) == out and len(made) == 1
+    record = {"chat": get_gemma3.CHAT}
+    assert gguf_wheels.build_once(out, make, record) == out and len(made) == 1
     assert not (out / "old").exists()
     assert json.loads((out / "termrl-source.json").read_text())["chat"] == get_gemma3.CHAT
-    assert get_gemma3.get(out, wheels) == out and len(made) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "wheels"]
+    assert gguf_wheels.build_once(out, make, record) == out and len(made) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
 def test_turn_tokens_are_single_special_tokens_and_end_of_turn_stops(gemma3_dir, gemma3_tok):
