@@ -2,10 +2,12 @@
 container, the deciding value is only in an earlier command's output, shortcuts fail, the splits
 are disjoint, and a run config draws the family."""
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
+import chat
 import config
 import generated_tasks as G
 import grading
@@ -124,3 +126,33 @@ def test_a_run_config_draws_the_family_it_names():
                               "unknown kinds ['create'] of the multistep family")]:
         with pytest.raises(config.ConfigError, match=re.escape(needle)):
             config.load_config(ROOT / "configs" / "smollm2-multistep.yaml", [override])
+
+
+
+def bash_call(cmd: str) -> dict:
+    return {"role": "assistant", "content": "", "tool_call": {"name": "bash", "arguments": {"command": cmd}}}
+
+
+def test_multistep_choices_classes_picks_against_a_real_listing(docker_env):
+    """bench/multistep_choices.py reads the listing a real container printed: the oracle's pick is
+    "right", the listing's first (when wrong) and another file are told apart, a made-up name is
+    "not listed", and an episode that never listed is "no pick"."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from multistep_choices import choice, listing
+    for kind in ("longest", "crlf"):
+        task = G.generate_multistep_tasks(1, seed=11, split="heldout", kinds=[kind])[0]
+        inspect, act = oracle_commands(task)[:2]
+        with docker_env.reset(task) as term:
+            shown = chat.tool_message(term.run(inspect))
+        names, right = listing(kind, shown["content"])
+        assert right.rsplit(".", 1)[0] == task.metadata["hidden"][0], (kind, shown)
+        stems = [n.rsplit(".", 1)[0] for n in names]
+        start = [{"role": "user", "content": task.instruction}, bash_call(inspect), shown]
+        picks = {"right": right.rsplit(".", 1)[0], "not listed": "nosuchname",
+                 "other listed": next(s for s in stems[1:] if s != right.rsplit(".", 1)[0])}
+        if names[0] != right:
+            picks["first listed"] = stems[0]
+        for want, stem in picks.items():
+            cmd = act.replace(picks["right"], stem)
+            assert choice(kind, start + [bash_call(cmd)]) == want, (kind, cmd, shown)
+        assert choice(kind, start[:1] + [bash_call(act)]) == "no pick"
