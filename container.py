@@ -212,6 +212,24 @@ def next_frame(sock, raw: bytearray, deadline: float) -> bytes | None:
         raw += chunk
 
 
+def exec_socket(api, exec_id: str) -> socket.socket | None:
+    """The started exec's stream as a socket of our own, or None when the Docker client's socket
+    was closed before we got it. The client's socket belongs to its HTTP response: when the garbage
+    collector finalises that response (at any moment, from any thread), urllib3 closes the
+    connection and the socket with it, under a reader in select() (ValueError: file descriptor
+    cannot be a negative integer). So we take a duplicate of the descriptor and close the client's
+    at once: what the client does later to its own socket cannot reach ours
+    (tests/test_hostile.py::test_the_docker_clients_socket_closed_under_a_running_shell_is_not_its).
+    """
+    theirs = api.exec_start(exec_id, socket=True)
+    sock = theirs._sock
+    try:
+        return sock.dup() if sock.fileno() >= 0 else None
+    finally:
+        theirs.close()  # the reader first, then the socket: its descriptor is released now
+        sock.close()
+
+
 def docker_exec(client, cid: str, argv: list, timeout: float, env=None, workdir=None, cgroup=None,
           host_pid: int | None = None, kill_inside: bool = False) -> tuple[int, bytes]:
     """`docker exec` with a deadline kept from the host, never by the container nor the Docker
@@ -222,10 +240,10 @@ def docker_exec(client, cid: str, argv: list, timeout: float, env=None, workdir=
     if host_pid:
         repair_dev_null(host_pid)
     ex = api.exec_create(cid, argv, environment=env, workdir=workdir, stdout=True, stderr=True)
-    sock = api.exec_start(ex["Id"], socket=True)._sock
+    sock, data = exec_socket(api, ex["Id"]), b""  # no socket: the exec runs, its output is lost
     out, raw, deadline = Capped(FLOOD_LIMIT), bytearray(), time.monotonic() + timeout
     try:
-        while data := next_frame(sock, raw, deadline):
+        while sock and (data := next_frame(sock, raw, deadline)):
             out.add(data)
         if data is None:
             _kill_exec(api, ex["Id"], cgroup or {})
@@ -233,7 +251,7 @@ def docker_exec(client, cid: str, argv: list, timeout: float, env=None, workdir=
                 docker_exec(client, cid, ["sh", "-c", KILL_INSIDE], 10)
             return 124, out.text().encode()
     finally:
-        with contextlib.suppress(OSError):
+        if sock:
             sock.close()
     end = time.monotonic() + 10  # the stream ends a moment before docker records the exit code
     while (info := api.exec_inspect(ex["Id"]))["Running"] or info["ExitCode"] is None:

@@ -530,10 +530,10 @@ def test_the_command_that_broke_the_framing_carries_the_notice(docker_env, easy_
 
 
 def test_an_exec_socket_closed_as_the_session_starts_is_an_ended_exec_tried_again(easy_tasks, monkeypatch):
-    """A daemon under load can answer a session's exec start with a connection it already closed
-    (the socket's file descriptor -1): that start ends as an exec that ended (tried once more), not
-    as an error that makes the episode infra (ValueError: file descriptor cannot be a negative
-    integer)."""
+    """The Docker client's socket for a session's exec can be closed before the session reads it
+    (its file descriptor -1: the client's HTTP response was finalised): that start ends as an exec
+    that ended (tried once more), not as an error that makes the episode infra (ValueError: file
+    descriptor cannot be a negative integer)."""
     import docker
     real, closed = docker.api.client.APIClient.exec_start, []
 
@@ -551,5 +551,36 @@ def test_an_exec_socket_closed_as_the_session_starts_is_an_ended_exec_tried_agai
     try:
         with e.reset(easy_tasks[0]) as term:
             assert closed and term.run("echo ok").output == "ok\n"
+    finally:
+        e.close()
+
+
+def test_the_docker_clients_socket_closed_under_a_running_shell_is_not_its(easy_tasks, monkeypatch):
+    """When the garbage collector finalises the Docker client's HTTP response for an exec, urllib3
+    closes the reader and then the connection's socket, from whichever thread collects. The shell
+    reads a socket of its own, so its commands still run, and so do docker_exec's (the harness's
+    kills and reads), which take their socket the same way."""
+    import docker
+    real, theirs = docker.api.client.APIClient.exec_start, []
+
+    def recorded(self, exec_id, *args, **kw):
+        out = real(self, exec_id, *args, **kw)
+        if kw.get("socket"):
+            theirs.append((out, out._sock))
+        return out
+    monkeypatch.setattr(docker.api.client.APIClient, "exec_start", recorded)
+    e = E.Env(warm=0)
+    try:
+        with e.reset(easy_tasks[0]) as term:
+            assert term.run("echo one").output == "one\n"
+            for reader, sock in theirs:  # as urllib3's HTTPResponse.close does: the reader, the socket
+                reader.close()
+                sock.close()
+            out = term.run("sleep 5 & echo two")  # the background job moves the shell to a relay
+            assert out.output == "two\n" and out.exit_code == 0, out
+            for reader, sock in theirs:
+                reader.close()
+                sock.close()
+            assert term.run("echo three").output == "three\n"
     finally:
         e.close()
