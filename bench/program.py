@@ -21,13 +21,14 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
 2. the RL recipes on seed 0, from the plateau's SFT checkpoint (runs/compare-multistep-recipes):
    IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, and the CPU configs'
    successes-only loss, with the control of CONTROL_STEPS more SFT steps from the same checkpoint.
-3. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
+3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
+   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from.
+4. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
    while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline).
-4. the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
+5. the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
    (runs/compare-multistep-onekey); the CPU demo's control (runs/compare-demo); then seeds 1 2 of
    the one-key rows, GRPO at its best seed-0 lr; then the other recipes' seeds 1 2.
-5. the second real model, Gemma 3 270M (configs/gemma3-multistep.yaml): its SFT curve on seed 0
-   (MODELS), then the published IPA from its plateau on seeds 0 1 2 with its control
+6. Gemma's published IPA from its plateau on seeds 0 1 2 with its control
    (runs/compare-gemma3-multistep-headline).
 """
 import argparse
@@ -184,12 +185,12 @@ def demo_control() -> list:
 # arguments when the job starts: what it reads of earlier runs is there by then)
 JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
     ("compare", lambda: recipes(["0"]), []),
+] + [sft_job(n, 0, "gemma3-multistep") for n in MODELS["gemma3-multistep"][1]] + [
     ("compare", lambda: headline(SEEDS), []),
     ("compare", lambda: onekey(["0"]), []),
     ("compare", demo_control, []),
     ("compare", lambda: onekey(SEEDS), []),
     ("compare", lambda: recipes(SEEDS), []),
-] + [sft_job(n, 0, "gemma3-multistep") for n in MODELS["gemma3-multistep"][1]] + [
     # the published IPA on Gemma, from its own plateau
     ("compare", lambda: compare("headline", SEEDS, ["ipa"], prefix="gemma3-multistep"), []),
 ]
