@@ -109,6 +109,9 @@ class SFTConfig:
     stop_at_val_prob: Annotated[float, "[0, 1)"] = 0.0  # end SFT early once val_oracle_prob (the chance the
     #                                                     policy samples a val oracle trajectory exactly)
     #                                                     reaches this; 0 = all sft.steps
+    generated_split: str = "train"                      # generated split of the oracle trajectories: train
+    #                                                     | rl (the tasks RL draws under train.generated_split
+    #                                                     rl: the control that shows them to SFT instead)
     keep_moments: bool = True                           # RL's AdamW takes SFT's moments (own lr, schedule):
     #                                                     a fresh Adam first moves each weight ~lr (sign-like)
     checkpoint_every: Annotated[int, ">= 0"] = 10       # an SFT checkpoint every this many steps, so a
@@ -137,6 +140,9 @@ class TrainConfig:
     #                                                          before the run stops; it must cover one rank's
     #                                                          rollouts ending after another's, checkpoint
     #                                                          writes (torch's default: 10 min NCCL, 30 gloo)
+    generated_split: str = "train"                           # generated split RL draws from: train (the tasks
+    #                                                          SFT imitates) | rl (own names, words, numbers,
+    #                                                          never SFT's nor held out: a verifier alone)
     filter_window: Annotated[int, ">= 0"] = 0                # online difficulty filtering (difficulty.py): a
     #                                                          task whose latest this many episodes were all
     #                                                          solved or all failed sits out, so rollouts go
@@ -385,6 +391,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
                                ("train.lr_schedule", cfg.train.lr_schedule, ("constant", "cosine")),
                                ("engine.kind", cfg.engine.kind, ("vllm", "hf")),
                                ("data.eval_split", cfg.data.eval_split, ("train", "heldout")),
+                               ("sft.generated_split", cfg.sft.generated_split, ("train", "rl")),
+                               ("train.generated_split", cfg.train.generated_split, ("train", "rl")),
                                ("data.generated_family", cfg.data.generated_family, tuple(FAMILIES)),
                                ("device", cfg.device, ("auto", "cpu", "cuda")),
                                ("model.dtype", cfg.model.dtype,
@@ -398,6 +406,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad} of the "
                               f"{cfg.data.generated_family} family (data.generated_family); "
                               f"choose from {kinds}")
+    for key, split in [("sft.generated_split", cfg.sft.generated_split),
+                       ("train.generated_split", cfg.train.generated_split)]:
+        if split != "train" and cfg.data.train_tasks != "generated":
+            raise ConfigError(f"config key '{key}' is {split!r}, a split of the generated tasks, but "
+                              f"data.train_tasks is {cfg.data.train_tasks!r}; set data.train_tasks=generated "
+                              f"or {key}=train")
     if cfg.sft.stop_at_val_prob and cfg.sft.val_tasks < 1:
         raise ConfigError("sft.stop_at_val_prob needs validation trajectories: set sft.val_tasks >= 1")
     if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", cfg.run_name):  # it names a folder under runs/

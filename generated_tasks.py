@@ -1,9 +1,11 @@
 """generated_tasks.py — procedurally generated task families, and a run's train / eval task sets.
 
-Two families, each with a held-out split of disjoint names, words and numbers: the very easy tasks
-the tiny CPU demo trains on (one command each), and the multi-step tasks, where what the last
-command needs is seen only in an earlier command's output. `load_task_sets` turns a run config's
-`data:` section into the train and eval tasks (generated, or loaded from folders by task_folders.py).
+Two families: the very easy tasks the tiny CPU demo trains on (one command each), and the
+multi-step tasks, where what the last command needs is seen only in an earlier command's output.
+Each has three splits of disjoint names, words and numbers: train (the tasks SFT imitates and RL
+draws by default), rl (tasks RL may train on with their verifier alone: SFT never sees them) and
+heldout (the eval's). `load_task_sets` turns a run config's `data:` section into the train and eval
+tasks (generated, or loaded from folders by task_folders.py); `split_tasks` gives SFT and RL theirs.
 """
 from __future__ import annotations
 
@@ -14,18 +16,23 @@ from task_folders import BASE_IMAGE, Task, load_tasks
 
 # --- The generated family of very easy tasks (for the tiny CPU demo) -----------------------------
 
-# The held-out split draws names and words from disjoint lists and uses other counts.
+# Each split draws names and words from its own list and uses other counts. rl's counts are past
+# the held-out ones (two digits, like them), so RL can meet what the train split never shows.
 _EASY_WORDS = {
     "train": ["apple", "river", "stone", "cloud", "green", "tiger", "lemon", "piano", "sugar", "happy",
               "orange", "silver", "window", "garden", "rocket", "pencil", "yellow", "castle"],
+    "rl": ["anchor", "breeze", "canyon", "dolphin", "falcon", "glacier", "harbor", "island", "jungle",
+           "kettle", "lantern", "meadow", "nectar", "orchid", "pebble", "quartz", "saddle", "thistle"],
     "heldout": ["mango", "ocean", "ember", "frost", "violet", "zebra", "cherry", "violin", "honey", "brave",
                 "purple", "golden", "mirror", "forest", "planet", "marker", "indigo", "palace"],
 }
 _EASY_NAMES = {
     "train": ["notes", "data", "log", "items", "list", "report", "todo", "words", "draft", "info"],
+    "rl": ["agenda", "catalog", "manifest", "register", "timeline", "receipt", "schedule", "minutes"],
     "heldout": ["memo", "record", "inventory", "summary", "journal", "ledger", "digest", "roster"],
 }
-_EASY_COUNTS = {"train": (2, 9), "heldout": (10, 16)}
+SPLITS = list(_EASY_WORDS)
+_EASY_COUNTS = {"train": (2, 9), "rl": (17, 24), "heldout": (10, 16)}
 EASY_KINDS = ["create", "count", "copy", "rename", "append", "mkdir", "delete"]
 
 
@@ -71,8 +78,8 @@ def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None)
 def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, kinds) -> list[Task]:
     """n tasks of a family whose `one(kind, rng, split)` gives (instruction, setup, solution,
     [(check name, bash condition)], metadata): kinds cycled, parameters drawn from seed."""
-    if split not in _EASY_WORDS:
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
     kinds = list(kinds or all_kinds)
     rng = random.Random(f"termrl-{family}:{seed}:{split}")
     tasks = []
@@ -97,11 +104,12 @@ def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, 
 # name, a number, a path, what an error says) is in no instruction, only in what an earlier command
 # prints. The oracle is what an expert types: first the inspection, then the action with the
 # literal value it observed (which the generator knows), one command a turn. Names, words and
-# numbers come from the easy family's disjoint train / held-out lists and disjoint ranges.
+# numbers come from the easy family's per-split lists and from per-split ranges, all disjoint.
 
-_MS_NUMBERS = {"train": (10, 49), "heldout": (50, 99)}   # what the tools print
-_MS_COUNTS = {"train": (3, 9), "heldout": (10, 16)}      # files in an archive: never a guessable 1 or 2
-_MS_TERMS = {"train": (10, 29), "heldout": (60, 79)}     # a script sums two: train numbers < 60 <= held-out
+_MS_NUMBERS = {"train": (10, 49), "rl": (100, 149), "heldout": (50, 99)}  # what the tools print
+_MS_COUNTS = {"train": (3, 9), "rl": (17, 24), "heldout": (10, 16)}  # files in an archive: never 1 or 2
+# a script sums two; terms and sums: train 10-29, 20-58; held-out 60-79, 120-158; rl 80-99, 160-198
+_MS_TERMS = {"train": (10, 29), "rl": (80, 99), "heldout": (60, 79)}
 _MS_KEYS = ["workspace", "target", "output", "cache", "profile", "channel"]
 
 
@@ -332,6 +340,16 @@ def generate_tasks(family: str, n: int, seed: int = 0, split: str = "train", kin
     if family not in FAMILIES:
         raise ValueError(f"unknown generated family {family!r}; choose from {', '.join(FAMILIES)}")
     return FAMILIES[family][0](n, seed, split, kinds)
+
+
+def split_tasks(cfg, split: str, train: list[Task]) -> list[Task]:
+    """The tasks SFT imitates or RL draws (sft.generated_split, train.generated_split): the run's
+    train tasks for "train"; for "rl" as many of the rl split, drawn with the same seed and kinds."""
+    if split == "train":
+        return train
+    d = cfg.data
+    return generate_tasks(d.generated_family, d.num_generated_train, d.generated_seed, split,
+                          d.generated_kinds or None)
 
 
 def load_task_sets(cfg) -> tuple[list[Task], list[Task]]:

@@ -58,7 +58,7 @@ import tiny
 from config import Config, ConfigError, algo_cfg, config_to_dict, load_config, rollout_cfg
 import rundir
 from rundir import RunLog, plot_curves, rng_state, save_checkpoint, set_rng_state, summary
-from generated_tasks import load_task_sets
+from generated_tasks import load_task_sets, split_tasks
 from task_folders import TaskError
 from evaluate import task_mean_ci
 
@@ -134,7 +134,8 @@ class Run:
     out: Path
     rcfg: rollout.RolloutConfig
     acfg: algo.AlgoConfig
-    train_tasks: list
+    sft_tasks: list        # SFT's oracle trajectories come from these (sft.generated_split) ...
+    rl_tasks: list         # ... and RL's steps draw these (train.generated_split)
     eval_tasks: list
     ckpt: Path | None      # the checkpoint the engine starts from: a resume's, or the SFT-only start
     state: dict            # a resume's trainer.pt ({} for a fresh run)
@@ -215,7 +216,9 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     lag = cfg.train.max_staleness if cfg.train.mode == "async" else 0  # the producer draws that far ahead
     filt = difficulty.DifficultyFilter(cfg.train.filter_window, cfg.train.filter_sit_out, lag)
     filt.load(state.get("difficulty", {}))
-    return Run(cfg, device, rank, world, out, rcfg, acfg, train_tasks, eval_tasks, ckpt, state,
+    sft_tasks, rl_tasks = (split_tasks(cfg, split, train_tasks)
+                           for split in (cfg.sft.generated_split, cfg.train.generated_split))
+    return Run(cfg, device, rank, world, out, rcfg, acfg, sft_tasks, rl_tasks, eval_tasks, ckpt, state,
                state.get("experts", {}), log, tok, model, ref_model, terminals, lock, filt)
 
 
@@ -309,9 +312,9 @@ def warm_start(r: Run):
     cfg = r.cfg
     if not cfg.sft.steps or r.state.get("sft_done"):
         return None
-    val_tasks = sft.val_tasks(r.train_tasks, cfg)
+    val_tasks = sft.val_tasks(r.sft_tasks, cfg)
     restore = functools.partial(sft_restore, r) if "sft" in r.state else None
-    sft_opt = sft.warm_start(cfg, r.model, r.tok, r.env, r.train_tasks[:cfg.sft.num_tasks][r.rank::r.world],
+    sft_opt = sft.warm_start(cfg, r.model, r.tok, r.env, r.sft_tasks[:cfg.sft.num_tasks][r.rank::r.world],
                              val_tasks[r.rank::r.world], r.rcfg, r.log, r.rank, restore,
                              functools.partial(sft_checkpoint, r))
     r.state = {}  # RL starts from the SFT-only start as a run never stopped does
@@ -415,7 +418,7 @@ class StepRollout:
 
 def rollout_step(r: Run, policy, step: int) -> StepRollout:
     """Step `step`'s episodes on this rank."""
-    tasks, sat_out, fell_back = r.filter.draw(r.train_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)
+    tasks, sat_out, fell_back = r.filter.draw(r.rl_tasks, step, r.cfg.train.tasks_per_step, r.cfg.seed)
     drawn = {"tasks_sitting_out": sat_out, "filter_fell_back": fell_back}
     mine, before = rank_share(tasks, r.rank, r.world)  # all ranks' tasks; this one's
     g0, t0 = policy.gen_busy_s, time.time()

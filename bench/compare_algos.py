@@ -30,7 +30,9 @@ would need an SFT of its own (--no-branch runs each variant's own SFT, as train.
 The control (--sft-more N): N more SFT steps from the same step-0 checkpoint (model.path set to
 its model/; a fresh AdamW with sft.lr's warmup and cosine), no RL, then the held-out eval:
 <run_name>-sftmore<N>-seed<S>. It is the row that asks whether RL's extra compute beats the same
-compute spent on more SFT.
+compute spent on more SFT. With --sft-more-split rl those steps imitate the oracles of the rl split
+(<run_name>-sftmore<N>-rl-seed<S>): the tasks a variant with train.generated_split=rl trains RL on,
+with their verifier alone, shown to SFT with their solutions.
 
 Every run goes to the config's out_dir; a comparison that was stopped (killed at any point) picks
 up where it was: a finished run (summary.txt, its last checkpoint at train.steps) is summarised,
@@ -301,6 +303,10 @@ def parse_args(argv=None):
     ap.add_argument("--sft-more", type=int, default=0, metavar="N",
                     help="the control: N more SFT steps from each seed's SFT-only checkpoint, no RL "
                          "(0: none)")
+    ap.add_argument("--sft-more-split", default="train", choices=["train", "rl"],
+                    help="the generated split the control's oracle trajectories come from "
+                         "(sft.generated_split): rl shows SFT the tasks a variant with "
+                         "train.generated_split=rl gives RL, with their oracles (default: train)")
     ap.add_argument("--no-branch", action="store_true",
                     help="each variant runs its own SFT (train.py alone) instead of branching from "
                          "one a seed")
@@ -321,7 +327,8 @@ def main(argv=None):
         raise SystemExit("--sft-more continues a seed's SFT checkpoint: it needs sft.steps > 0 and branching")
     out = Path(args.out or ROOT / "runs" / f"compare-{base.run_name}")
     curves, used = {n: [] for n in names}, {}
-    control = f"sft-more {args.sft_more}"
+    on = "" if args.sft_more_split == "train" else f" on {args.sft_more_split}"
+    control = f"sft-more {args.sft_more}{on}"
     finals = {**({"SFT-only": {}} if branching else {}), **{n: {} for n in names},
               **({control: {}} if args.sft_more else {})}
     for seed in seeds:
@@ -350,15 +357,22 @@ def main(argv=None):
             curves[name].append(evals)
             finals[name][seed] = final_eval(run_dir)
         if args.sft_more:
-            # the same SFT recipe from the SFT-only checkpoint's weights, all N steps (no early stop)
-            sets = args.set + [f"seed={seed}", "train.steps=0", f"sft.steps={args.sft_more}",
-                               "sft.stop_at_val_prob=0",
-                               f"model.path={sft_dir / 'checkpoints' / 'step_000000' / 'model'}",
-                               f"run_name={base.run_name}-sftmore{args.sft_more}-seed{seed}"]
+            sets = control_sets(args, base.run_name, seed, sft_dir)
             run_dir = ROOT / config.load_config(args.config, sets).out_dir
             train(sets, args.config, run_dir, 0, args.no_run)
             finals[control][seed] = final_eval(run_dir)
     write_tables(args, out, seeds, curves, used, finals, reference, control)
+
+
+def control_sets(args, run_name: str, seed: int, sft_dir: Path) -> list:
+    """train.py's --set overrides of the seed's control: the same SFT recipe from the SFT-only
+    checkpoint's weights, all --sft-more steps (no early stop), on --sft-more-split's oracles."""
+    split = args.sft_more_split
+    name = f"{run_name}-sftmore{args.sft_more}" + ("" if split == "train" else f"-{split}")
+    return args.set + [f"seed={seed}", "train.steps=0", f"sft.steps={args.sft_more}",
+                       "sft.stop_at_val_prob=0", f"sft.generated_split={split}",
+                       f"model.path={sft_dir / 'checkpoints' / 'step_000000' / 'model'}",
+                       f"run_name={name}-seed{seed}"]
 
 
 def pick_variants(args) -> tuple[list, dict, str]:
@@ -395,7 +409,8 @@ def write_tables(args, out: Path, seeds: list, curves: dict, used: dict, finals:
           "At each row's final eval (SFT-only: the seed's SFT run at step 0; the differences are paired by "
           "seed, in points):", "", final_table(finals, seeds, reference), "",
           f"Where each variant differs from {reference}:", "", *diff_lines(used, reference),
-          *([f"- **{control}**: {args.sft_more} more SFT steps from the seed's SFT-only checkpoint, no RL"]
+          *([f"- **{control}**: {args.sft_more} more SFT steps from the seed's SFT-only checkpoint, no RL"
+             + ("" if args.sft_more_split == "train" else f", on the {args.sft_more_split} split's oracles")]
             if control in finals else []), "",
           "Keys that differ between the variants:", "",
           "| key | " + " | ".join(used) + " |", "|---|" + "---|" * len(used)]

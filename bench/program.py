@@ -19,12 +19,15 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
    step-0 eval). The plateau budget is the one with the best held-out success (fewer steps on a
    tie); while no curve run has finished, the config's 60.
 2. the RL recipes on seed 0, from the plateau's SFT checkpoint (runs/compare-multistep-recipes):
-   IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, and the CPU configs'
-   successes-only loss, with the control of CONTROL_STEPS more SFT steps from the same checkpoint.
+   IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
+   successes-only loss, and RL on the rl split (tasks SFT never imitated), with the control of
+   CONTROL_STEPS more SFT steps from the same checkpoint; then the rl split's own control, those
+   steps on its oracles (runs/compare-multistep-rlsplit).
 3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
    (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from.
 4. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
-   while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline).
+   while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline),
+   and with the rl split's control too when that recipe draws it.
 5. the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
    (runs/compare-multistep-onekey); the CPU demo's control (runs/compare-demo); then seeds 1 2 of
    the one-key rows, GRPO at its best seed-0 lr; then the other recipes' seeds 1 2.
@@ -96,9 +99,11 @@ def plateau(prefix: str = "smollm2-multistep") -> int:
     return best
 
 
-def grpo_variants(seeds: list) -> list:
-    """--variant arguments of GRPO at each lr (seed 0), or at its best seed-0 lr (more seeds)."""
-    lrs = GRPO_LRS
+def grpo_variants(seeds: list, keys: list = ()) -> tuple[list, list]:
+    """(names, --variant arguments) of GRPO at each lr (seed 0), or at its best seed-0 lr (more
+    seeds), with `keys` on top: the headline recipe's task split, so GRPO draws the tasks it does."""
+    suffix = "-rl-split" if keys else ""
+    lrs = {f"{name}{suffix}": lr for name, lr in GRPO_LRS.items()}
     if seeds != ["0"]:
         got = finished_success({name: f"smollm2-multistep-{name}-seed0" for name in lrs}, RL_STEPS)
         if got:
@@ -107,12 +112,17 @@ def grpo_variants(seeds: list) -> list:
     out = []
     for name, lr in lrs.items():
         if name != "grpo":
-            out += ["--variant", f"{name}=" + ",".join(VARIANTS["grpo"] + [f"train.lr={lr}"])]
-    return (["grpo"] if "grpo" in lrs else []), out
+            out += ["--variant", f"{name}=" + ",".join(VARIANTS["grpo"] + list(keys)
+                                                       + ([f"train.lr={lr}"] if lr else []))]
+    return list(lrs), out
 
 
 RECIPES = {  # IPA as published (the config), and the recipes tried beside it: keys on top of "ipa"
     "ipa": [],
+    # RL on tasks SFT never imitated, with their verifier alone: the rl split's names, words and
+    # numbers (two-digit counts, as held-out has). SFT at its plateau solves nearly every train task,
+    # so there RL's groups hold no failure to learn from.
+    "ipa-rl-split": ["train.generated_split=rl"],
     "ipa-lr1e-4": ["train.lr=1e-4"],  # 5x the lr: no KL term holds it (algo.kl_coef 0)
     # the CPU configs' loss: failures carry no value (R = 0), 16 tasks x 2 episodes a step
     "ipa-successes": ["algo.negative_reward=0.0", "train.tasks_per_step=16", "train.group_size=2"],
@@ -159,11 +169,21 @@ def headline(seeds: list, best: str | None = None) -> list:
     return compare("headline", seeds, [best], [] if best == "ipa" else recipe_variant(best))
 
 
+def same_tasks_control(seeds: list, out: str = "rlsplit", best: str | None = None) -> list | None:
+    """The control of RL on the rl split that shows SFT those tasks with their oracles
+    (compare_algos --sft-more-split rl), beside the continued SFT on the train split; None (no job)
+    for a headline recipe that draws the train split."""
+    recipe = "ipa-rl-split" if out == "rlsplit" else best or best_recipe()
+    if "train.generated_split=rl" not in RECIPES[recipe]:
+        return None
+    return compare(out, seeds, [recipe], recipe_variant(recipe)) + ["--sft-more-split", "rl"]
+
+
 def onekey(seeds: list, best: str | None = None) -> list:
     """The headline recipe against one key changed: token level, prefilled starts; and GRPO
     (several keys). A one-key variant of a recipe other than "ipa" is named recipe-change."""
     best = best or best_recipe()
-    grpo, extra = grpo_variants(seeds)
+    grpo, extra = grpo_variants(seeds, [k for k in RECIPES[best] if k.startswith("train.generated_split=")])
     changed = {"token": ["algo.level=token"], "prefill": ["rollout.prefill_prob=0.5"]}
     if best == "ipa":
         names = ["ipa", "ipa-token", "ipa-prefill"]
@@ -182,11 +202,13 @@ def demo_control() -> list:
 
 
 # a job: ("train", config, sets), or ("compare", a function of no arguments giving compare_algos'
-# arguments when the job starts: what it reads of earlier runs is there by then)
+# arguments when the job starts, what it reads of earlier runs being there by then; None: no job)
 JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
     ("compare", lambda: recipes(["0"]), []),
+    ("compare", lambda: same_tasks_control(["0"]), []),
 ] + [sft_job(n, 0, "gemma3-multistep") for n in MODELS["gemma3-multistep"][1]] + [
     ("compare", lambda: headline(SEEDS), []),
+    ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft"), []),
     ("compare", lambda: onekey(["0"]), []),
     ("compare", demo_control, []),
     ("compare", lambda: onekey(SEEDS), []),
@@ -219,7 +241,7 @@ def main(argv=None):
     if args.list:
         for i, (kind, what, sets) in enumerate(JOBS):
             print(f"{i}: " + (train_job(what, sets)[0] if kind == "train"
-                             else "compare_algos.py " + " ".join(what())))
+                             else "compare_algos.py " + " ".join(what() or ["(no job)"])))
         return
     lock = open(runs / "program.lock", "w")
     try:
@@ -237,7 +259,8 @@ def main(argv=None):
         if kind == "train":
             state, cmd = train_job(what, sets)
         else:  # a comparison resumes and skips its own runs
-            state, cmd = f"job {i}: compare", [sys.executable, "bench/compare_algos.py", *what()]
+            got = what()
+            state, cmd = f"job {i}: compare", got and [sys.executable, "bench/compare_algos.py", *got]
         if cmd is None:
             log(state + ", skipped")
             continue

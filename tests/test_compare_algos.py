@@ -48,14 +48,14 @@ def test_each_ablation_differs_from_ipa_in_one_key_and_grpo_lists_its_keys():
     assert diff_lines(same, "b") == ["- **a**: no key differs from b", "- **b**: the reference"]
 
 
-@pytest.mark.parametrize("recipe", ["ipa", "ipa-lr1e-4", "ipa-successes"])
+@pytest.mark.parametrize("recipe", ["ipa", "ipa-lr1e-4", "ipa-successes", "ipa-rl-split"])
 def test_the_programs_one_key_rows_differ_from_its_headline_recipe_in_one_key(recipe):
     """bench/program.py builds compare_algos arguments: they parse, the headline recipe is the
     reference, and its token-level and prefilled rows differ from it in one key each."""
     import program
     args = compare_algos.parse_args(program.onekey(["0"], recipe))
     names, variants, reference = compare_algos.pick_variants(args)
-    assert reference == recipe and names[0] == recipe and "grpo" in names
+    assert reference == recipe and names[0] == recipe and len([n for n in names if n.startswith("grpo")]) == 3
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
     used = {n: resolved(config.load_config(ipa, variants[n] + [f"run_name={n}"])) for n in names[:3]}
     assert diff_lines(used, recipe)[1:] == [
@@ -71,9 +71,33 @@ def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
     names, variants, _ = compare_algos.pick_variants(compare_algos.parse_args(program.recipes(["0"])))
     used = {n: resolved(config.load_config(ipa, variants[n] + [f"run_name={n}"])) for n in names}
     assert diff_lines(used, "ipa")[1:] == [
+        "- **ipa-rl-split**: `train.generated_split` rl (ipa: train)",
         "- **ipa-lr1e-4**: `train.lr` 0.0001 (ipa: 2e-05)",
         "- **ipa-successes**: `algo.negative_reward` 0.0 (ipa: -1.0); `rollout.group_size` 2 (ipa: 8); "
         "`train.group_size` 2 (ipa: 8); `train.tasks_per_step` 16 (ipa: 4)"]
+
+
+def test_rl_on_the_rl_split_gets_the_control_that_shows_sft_those_tasks_and_grpo_draws_them_too():
+    """RL drawing the rl split is read against SFT on that split's oracles (the same steps from the
+    same checkpoint, a run name of its own), and its GRPO rows draw the rl split as it does."""
+    import program
+    ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
+    assert program.same_tasks_control(["0"], "headline-rlsft", best="ipa") is None
+    args = compare_algos.parse_args(program.same_tasks_control(["0"]))
+    assert compare_algos.pick_variants(args)[0] == ["ipa-rl-split"] and args.sft_more_split == "rl"
+    sft_dir = ROOT / "runs" / "smollm2-multistep-sft250-seed0"
+    control = config.load_config(ipa, compare_algos.control_sets(args, "smollm2-multistep", 0, sft_dir))
+    assert (control.sft.generated_split, control.train.steps, control.run_name) == (
+        "rl", 0, "smollm2-multistep-sftmore200-rl-seed0")
+    assert Path(control.model.path) == sft_dir / "checkpoints" / "step_000000" / "model"
+    args.sft_more_split = "train"  # the usual control keeps its name
+    usual = config.load_config(ipa, compare_algos.control_sets(args, "smollm2-multistep", 0, sft_dir))
+    assert (usual.sft.generated_split, usual.run_name) == ("train", "smollm2-multistep-sftmore200-seed0")
+    names, variants, _ = compare_algos.pick_variants(compare_algos.parse_args(
+        program.onekey(["0"], "ipa-rl-split")))
+    grpo = [n for n in names if n.startswith("grpo")]
+    assert len(grpo) == 3 and all(
+        config.load_config(ipa, variants[n]).train.generated_split == "rl" for n in grpo), names
 
 
 def _finished(run_dir: Path, steps: int, evals: dict):

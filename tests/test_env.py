@@ -229,11 +229,15 @@ def test_generated_family_splits_differ_and_are_deterministic():
     train_words, held_words = words(train), words(held)
     assert not (set(G._EASY_WORDS["heldout"]) | set(G._EASY_NAMES["heldout"])) & train_words
     assert held_words & set(G._EASY_WORDS["heldout"])
+    rl_words = words(G.generate_easy_tasks(40, seed=0, split="rl"))  # RL's own split: neither's words
+    assert rl_words & set(G._EASY_WORDS["rl"]) and not (train_words | held_words) & set(G._EASY_WORDS["rl"])
+    assert not rl_words & (set(G._EASY_WORDS["train"]) | set(G._EASY_WORDS["heldout"]))
     assert G.generate_easy_tasks(7, seed=1)[0].instruction != train[0].instruction
 
 
 def test_every_easy_kind_passes_oracle_and_fails_noop(docker_env):
-    for task in G.generate_easy_tasks(len(G.EASY_KINDS), seed=3, split="heldout"):
+    for task in [t for split in ("heldout", "rl") for t in G.generate_easy_tasks(len(G.EASY_KINDS), seed=3,
+                                                                                 split=split)]:
         row = tasktool.validate_task(docker_env, task, k=1)
         assert row["status"] == "ok" and row["noop"] == 0.0 and row["oracle"] == [1.0], row
 

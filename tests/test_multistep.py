@@ -27,7 +27,7 @@ def mentions(text: str, value: str) -> bool:
 
 
 def test_every_kind_passes_oracle_k_times_and_fails_noop(docker_env):
-    for split, k in [("heldout", 3), ("train", 1)]:
+    for split, k in [("heldout", 3), ("train", 1), ("rl", 1)]:
         for task in one_per_kind(split, seed=5):
             row = tasktool.validate_task(docker_env, task, k=k)
             assert row["status"] == "ok" and row["noop"] == 0.0 and row["oracle"] == [1.0] * k, row
@@ -83,7 +83,7 @@ def test_shortcuts_and_another_tasks_oracle_fail(docker_env):
 
 
 def test_no_hidden_value_is_in_the_instruction():
-    for split in ("train", "heldout"):
+    for split in G.SPLITS:
         for task in G.generate_multistep_tasks(300, seed=2, split=split):
             hidden = task.metadata["hidden"]
             assert hidden and len(oracle_commands(task)) >= 2, task.name
@@ -92,21 +92,24 @@ def test_no_hidden_value_is_in_the_instruction():
 
 
 def test_splits_share_no_name_word_or_number_and_are_deterministic():
-    train = G.generate_multistep_tasks(300, seed=0)
-    held = G.generate_multistep_tasks(300, seed=0, split="heldout")
+    tasks = {s: G.generate_multistep_tasks(300, seed=0, split=s) for s in G.SPLITS}
+    train = tasks["train"]
     assert [(t.instruction, t.setup, t.solution) for t in train] == \
         [(t.instruction, t.setup, t.solution) for t in G.generate_multistep_tasks(300, seed=0)]
-    assert {t.metadata["kind"] for t in train} == {t.metadata["kind"] for t in held} == set(G.MULTISTEP_KINDS)
+    assert all({t.metadata["kind"] for t in ts} == set(G.MULTISTEP_KINDS) for ts in tasks.values())
 
     def words(tasks):
         return set(re.findall(r"[a-z]+", " ".join(t.instruction + t.setup + t.solution for t in tasks)))
-    vocab = {s: set(G._EASY_WORDS[s]) | set(G._EASY_NAMES[s]) for s in ("train", "heldout")}
-    assert not vocab["heldout"] & words(train) and not vocab["train"] & words(held)
-    assert vocab["heldout"] & words(held)
-    for kind in G.MULTISTEP_KINDS:  # a held-out count, printed number or script constant is new to its kind
-        train_numbers = {x for t in train if t.metadata["kind"] == kind for x in t.metadata["numbers"]}
-        held_numbers = {x for t in held if t.metadata["kind"] == kind for x in t.metadata["numbers"]}
-        assert not train_numbers & held_numbers, kind
+    vocab = {s: set(G._EASY_WORDS[s]) | set(G._EASY_NAMES[s]) for s in G.SPLITS}
+    for a in G.SPLITS:
+        assert vocab[a] & words(tasks[a]), a
+        for b in set(G.SPLITS) - {a}:
+            assert not vocab[b] & words(tasks[a]), (a, b)
+            # a count, printed number or script constant of one split is new to its kind in another
+            for kind in G.MULTISTEP_KINDS:
+                got = [{x for t in tasks[s] if t.metadata["kind"] == kind for x in t.metadata["numbers"]}
+                       for s in (a, b)]
+                assert not got[0] & got[1], (a, b, kind)
     assert sum(bool(t.metadata["numbers"]) for t in train) >= 5 * 30
     assert {t.solution for t in G.generate_multistep_tasks(30, seed=1)} != {t.solution for t in train[:30]}
 

@@ -729,6 +729,36 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model_dir, tmp_pat
     assert "loss" not in rl[0]  # no optimizer step was logged
 
 
+def test_sft_and_rl_take_the_generated_split_their_keys_name(tiny_model_dir, tmp_path):
+    """sft.generated_split=rl and train.generated_split=rl: SFT imitates the oracles of the rl
+    split's tasks, which share no name, word or number with the train split's
+    (tests/test_multistep.py), and the RL steps draw them; a config that names a split of tasks
+    loaded from folders is refused with the key to change."""
+    overrides = ["model.build_tiny=false", f"model.path={tiny_model_dir}", f"out_dir={tmp_path / 'run'}",
+                 "sft.steps=1", "sft.num_tasks=4", "sft.batch_size=4", "sft.generated_split=rl",
+                 "train.generated_split=rl", "train.steps=2", "train.tasks_per_step=2", "train.group_size=1",
+                 "rollout.max_turns=2", "eval.at_start=false", "eval.num_tasks=1"]  # the tiny tokenizer
+    # spells the rl split's words in pieces (tiny.build_for_tasks): its commands take the config's 64 tokens
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", overrides)
+    train_split, _ = train.load_task_sets(cfg)
+    rl_tasks = train.split_tasks(cfg, "rl", train_split)
+    assert len(rl_tasks) == len(train_split) and {t.metadata["split"] for t in rl_tasks} == {"rl"}
+    assert train.split_tasks(cfg, "train", train_split) is train_split
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    r = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml"]
+                       + sum((["--set", o] for o in overrides), []), cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in records if m["phase"] == "sft"] == [0]  # on rl oracles that passed
+    drawn = [name for m in records if m["phase"] == "rl" for name in m["tasks"]]
+    assert len(drawn) == 4 and set(drawn) <= {t.name for t in rl_tasks}, drawn
+    refused = r"'sft.generated_split' is 'rl'.*data.train_tasks=generated"
+    with pytest.raises(config.ConfigError, match=refused):
+        config.load_config(ROOT / "configs" / "tiny.yaml", ["data.train_tasks=tasks",
+                                                             "sft.generated_split=rl"])
+
+
 @pytest.mark.slow
 def test_intermediate_evals_take_eval_samples_mid_and_every_eval_logs_its_interval(tiny_model_dir, tmp_path):
     """The held-out evals between the first and the last run eval.samples_mid episodes a task; the
