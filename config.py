@@ -142,7 +142,9 @@ class TrainConfig:
     #                                                          writes (torch's default: 10 min NCCL, 30 gloo)
     generated_split: str = "train"                           # generated split RL draws from: train (the tasks
     #                                                          SFT imitates) | rl (own names, words, numbers,
-    #                                                          never SFT's nor held out: a verifier alone)
+    #                                                          never SFT's nor held out: a verifier alone;
+    #                                                          tests/test_multistep.py::test_splits_share_*,
+    #                                                          test_train.py::test_sft_and_rl_take_*)
     filter_window: Annotated[int, ">= 0"] = 0                # online difficulty filtering (difficulty.py): a
     #                                                          task whose latest this many episodes were all
     #                                                          solved or all failed sits out, so rollouts go

@@ -17,7 +17,8 @@ from task_folders import BASE_IMAGE, Task, load_tasks
 # --- The generated family of very easy tasks (for the tiny CPU demo) -----------------------------
 
 # Each split draws names and words from its own list and uses other counts. rl's counts are past
-# the held-out ones (two digits, like them), so RL can meet what the train split never shows.
+# the held-out ones (two digits, like them), so RL can meet what the train split never shows
+# (tests/test_multistep.py::test_splits_share_no_name_word_or_number_and_are_deterministic).
 _EASY_WORDS = {
     "train": ["apple", "river", "stone", "cloud", "green", "tiger", "lemon", "piano", "sugar", "happy",
               "orange", "silver", "window", "garden", "rocket", "pencil", "yellow", "castle"],
@@ -108,6 +109,7 @@ def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, 
 
 _MS_NUMBERS = {"train": (10, 49), "rl": (100, 149), "heldout": (50, 99)}  # what the tools print
 _MS_COUNTS = {"train": (3, 9), "rl": (17, 24), "heldout": (10, 16)}  # files in an archive: never 1 or 2
+# (each split's numbers disjoint, archives of 3 files or more: the test named above)
 # a script sums two; terms and sums: train 10-29, 20-58; held-out 60-79, 120-158; rl 80-99, 160-198
 _MS_TERMS = {"train": (10, 29), "rl": (80, 99), "heldout": (60, 79)}
 _MS_KEYS = ["workspace", "target", "output", "cache", "profile", "channel"]

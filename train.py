@@ -216,9 +216,10 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     lag = cfg.train.max_staleness if cfg.train.mode == "async" else 0  # the producer draws that far ahead
     filt = difficulty.DifficultyFilter(cfg.train.filter_window, cfg.train.filter_sit_out, lag)
     filt.load(state.get("difficulty", {}))
-    sft_tasks, rl_tasks = (split_tasks(cfg, split, train_tasks)
-                           for split in (cfg.sft.generated_split, cfg.train.generated_split))
-    return Run(cfg, device, rank, world, out, rcfg, acfg, sft_tasks, rl_tasks, eval_tasks, ckpt, state,
+    splits = {s: split_tasks(cfg, s, train_tasks)  # each split drawn once, when SFT and RL share it
+              for s in {cfg.sft.generated_split, cfg.train.generated_split}}
+    return Run(cfg, device, rank, world, out, rcfg, acfg, splits[cfg.sft.generated_split],
+               splits[cfg.train.generated_split], eval_tasks, ckpt, state,
                state.get("experts", {}), log, tok, model, ref_model, terminals, lock, filt)
 
 

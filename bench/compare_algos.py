@@ -185,12 +185,12 @@ def train(sets: list, config_path: str, run_dir: Path, steps: int, no_run: bool,
 
 
 def final_eval(run_dir: Path) -> dict:
-    """The run's last held-out eval: success (metrics.jsonl), and from its episodes (the valid ones
-    of eval_trajectories.jsonl at that step's policy version) [passed, episodes] by task kind (the
-    task name's last part) and the turns of each episode."""
+    """The run's last held-out eval: success (metrics.jsonl), its episodes (the valid ones of
+    eval_trajectories.jsonl at that step's policy version), and from them [passed, episodes] by task
+    kind (the task name's last part) and the turns of each episode."""
     evals = held_out(run_dir)["evals"]
     step = max(evals)
-    kinds, turns = collections.defaultdict(lambda: [0, 0]), []
+    kinds, turns, episodes = collections.defaultdict(lambda: [0, 0]), [], []
     path = run_dir / "eval_trajectories.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
         e = json.loads(line) if line.strip() else None
@@ -198,7 +198,8 @@ def final_eval(run_dir: Path) -> dict:
             k = kinds[e["task_name"].rsplit("-", 1)[-1]]
             k[0], k[1] = k[0] + (e["reward"] > 0), k[1] + 1
             turns.append(e["num_turns"])
-    return {"step": step, "success": evals[step], "kinds": dict(kinds), "turns": turns}
+            episodes.append(e)
+    return {"step": step, "success": evals[step], "kinds": dict(kinds), "turns": turns, "episodes": episodes}
 
 
 def paired(xs: list, refs: list) -> str:

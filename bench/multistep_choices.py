@@ -16,7 +16,6 @@ listed ones) or makes one up, which held-out success alone does not.
 """
 import argparse
 import collections
-import json
 import re
 import sys
 from pathlib import Path
@@ -61,12 +60,9 @@ def choice(kind: str, messages: list) -> str:
 
 def choices(run_dir: Path) -> dict:
     """{kind: Counter of classes} over the run's last held-out eval (final_eval's episodes)."""
-    step = final_eval(run_dir)["step"]
     out = {k: collections.Counter() for k in LISTED}
-    for line in (run_dir / "eval_trajectories.jsonl").read_text().splitlines():
-        e = json.loads(line) if line.strip() else None
-        kind = e and e["task_name"].rsplit("-", 1)[-1]
-        if e and kind in LISTED and e["valid"] and e["policy_version"] == step:
+    for e in final_eval(run_dir)["episodes"]:
+        if (kind := e["task_name"].rsplit("-", 1)[-1]) in LISTED:
             out[kind][choice(kind, e["messages"])] += 1
     return out
 

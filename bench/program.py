@@ -120,8 +120,8 @@ def grpo_variants(seeds: list, keys: list = ()) -> tuple[list, list]:
 RECIPES = {  # IPA as published (the config), and the recipes tried beside it: keys on top of "ipa"
     "ipa": [],
     # RL on tasks SFT never imitated, with their verifier alone: the rl split's names, words and
-    # numbers (two-digit counts, as held-out has). SFT at its plateau solves nearly every train task,
-    # so there RL's groups hold no failure to learn from.
+    # numbers (two-digit counts, as held-out has), where a policy that solves the train tasks still
+    # fails (docs/results.md "RL from the SFT plateau")
     "ipa-rl-split": ["train.generated_split=rl"],
     "ipa-lr1e-4": ["train.lr=1e-4"],  # 5x the lr: no KL term holds it (algo.kl_coef 0)
     # the CPU configs' loss: failures carry no value (R = 0), 16 tasks x 2 episodes a step

@@ -110,6 +110,11 @@ def test_splits_share_no_name_word_or_number_and_are_deterministic():
                 got = [{x for t in tasks[s] if t.metadata["kind"] == kind for x in t.metadata["numbers"]}
                        for s in (a, b)]
                 assert not got[0] & got[1], (a, b, kind)
+    def counts(split, kinds=("longest", "archive")):  # line and file counts
+        return {x for t in tasks[split] if t.metadata["kind"] in kinds for x in t.metadata["numbers"]}
+    assert max(counts("train")) < 10 <= min(counts("heldout"))  # one digit in training, two held out
+    assert max(counts("heldout")) < min(counts("rl")) <= max(counts("rl")) < 100  # rl: two, past held-out
+    assert min(min(counts(s, ["archive"])) for s in G.SPLITS) >= 3  # never a guessable 1 or 2 files
     assert sum(bool(t.metadata["numbers"]) for t in train) >= 5 * 30
     assert {t.solution for t in G.generate_multistep_tasks(30, seed=1)} != {t.solution for t in train[:30]}
 
