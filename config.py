@@ -145,6 +145,10 @@ class TrainConfig:
     #                                                          never SFT's nor held out: a verifier alone;
     #                                                          tests/test_multistep.py::test_splits_share_*,
     #                                                          test_train.py::test_sft_and_rl_take_*)
+    generated_kinds: list = field(default_factory=list)      # the kinds RL draws of that split; [] = all of
+    #                                                          data.generated_kinds: rollouts spent where the
+    #                                                          policy still fails, held-out keeps every kind
+    #                                                          (test_train.py::test_sft_and_rl_take_*)
     filter_window: Annotated[int, ">= 0"] = 0                # online difficulty filtering (difficulty.py): a
     #                                                          task whose latest this many episodes were all
     #                                                          solved or all failed sits out, so rollouts go
@@ -408,6 +412,16 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raise ConfigError(f"config key 'data.generated_kinds' has unknown kinds {bad} of the "
                               f"{cfg.data.generated_family} family (data.generated_family); "
                               f"choose from {kinds}")
+    if cfg.train.generated_kinds:
+        known = cfg.data.generated_kinds or FAMILIES[cfg.data.generated_family][1]
+        if bad := [k for k in cfg.train.generated_kinds if k not in known]:
+            raise ConfigError(f"config key 'train.generated_kinds' has kinds {bad} that the run's generated "
+                              f"tasks do not hold (data.generated_family, data.generated_kinds); "
+                              f"choose from {known}")
+        if cfg.data.train_tasks != "generated":
+            raise ConfigError(f"config key 'train.generated_kinds' picks kinds of the generated tasks, but "
+                              f"data.train_tasks is {cfg.data.train_tasks!r}; set data.train_tasks=generated "
+                              f"or train.generated_kinds=[]")
     for key, split in [("sft.generated_split", cfg.sft.generated_split),
                        ("train.generated_split", cfg.train.generated_split)]:
         if split != "train" and cfg.data.train_tasks != "generated":

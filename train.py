@@ -135,7 +135,7 @@ class Run:
     rcfg: rollout.RolloutConfig
     acfg: algo.AlgoConfig
     sft_tasks: list        # SFT's oracle trajectories come from these (sft.generated_split) ...
-    rl_tasks: list         # ... and RL's steps draw these (train.generated_split)
+    rl_tasks: list         # ... and RL's steps draw these (train.generated_split, train.generated_kinds)
     eval_tasks: list
     ckpt: Path | None      # the checkpoint the engine starts from: a resume's, or the SFT-only start
     state: dict            # a resume's trainer.pt ({} for a fresh run)
@@ -218,8 +218,10 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     filt.load(state.get("difficulty", {}))
     splits = {s: split_tasks(cfg, s, train_tasks)  # each split drawn once, when SFT and RL share it
               for s in {cfg.sft.generated_split, cfg.train.generated_split}}
+    rl_tasks = [t for t in splits[cfg.train.generated_split]  # RL's alone: SFT and held-out keep them all
+                if not cfg.train.generated_kinds or t.metadata["kind"] in cfg.train.generated_kinds]
     return Run(cfg, device, rank, world, out, rcfg, acfg, splits[cfg.sft.generated_split],
-               splits[cfg.train.generated_split], eval_tasks, ckpt, state,
+               rl_tasks, eval_tasks, ckpt, state,
                state.get("experts", {}), log, tok, model, ref_model, terminals, lock, filt)
 
 

@@ -19,10 +19,10 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
    step-0 eval). The plateau budget is the one with the best held-out success (fewer steps on a
    tie); while no curve run has finished, the config's 60.
 2. the RL recipes on seed 0, from the plateau's SFT checkpoint (runs/compare-multistep-recipes):
-   IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
-   successes-only loss, and RL on the rl split (tasks SFT never imitated), with the control of
-   CONTROL_STEPS more SFT steps from the same checkpoint; then the rl split's own control, those
-   steps on its oracles (runs/compare-multistep-rlsplit).
+   IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), RL on the rl split (tasks SFT
+   never imitated) and on its least-solved kinds alone, a 5x lr, the CPU configs' successes-only
+   loss, with the control of CONTROL_STEPS more SFT steps from the same checkpoint; then the rl
+   split's own control, those steps on its oracles, every kind (runs/compare-multistep-rlsplit).
 3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
    (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from.
 4. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
@@ -99,10 +99,14 @@ def plateau(prefix: str = "smollm2-multistep") -> int:
     return best
 
 
-def grpo_variants(seeds: list, keys: list = ()) -> tuple[list, list]:
+# a recipe's keys that choose RL's tasks: its GRPO rows take them too
+TASK_KEYS = ("train.generated_split=", "train.generated_kinds=")
+
+
+def grpo_variants(seeds: list, keys: list = (), suffix: str = "") -> tuple[list, list]:
     """(names, --variant arguments) of GRPO at each lr (seed 0), or at its best seed-0 lr (more
-    seeds), with `keys` on top: the headline recipe's task split, so GRPO draws the tasks it does."""
-    suffix = "-rl-split" if keys else ""
+    seeds), named with `suffix`, with `keys` on top: the headline recipe's TASK_KEYS, so GRPO draws
+    the tasks it does."""
     lrs = {f"{name}{suffix}": lr for name, lr in GRPO_LRS.items()}
     if seeds != ["0"]:
         got = finished_success({name: f"smollm2-multistep-{name}-seed0" for name in lrs}, RL_STEPS)
@@ -123,6 +127,9 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
     # numbers (two-digit counts, as held-out has), where a policy that solves the train tasks still
     # fails (docs/results.md "RL from the SFT plateau")
     "ipa-rl-split": ["train.generated_split=rl"],
+    # the same, of the kinds it solves least there (under 90% of its seed-0 episodes), so each kind
+    # meets ~3x the groups a run; held-out keeps every kind
+    "ipa-rl-kinds": ["train.generated_split=rl", "train.generated_kinds=[config,crlf,longest]"],
     "ipa-lr1e-4": ["train.lr=1e-4"],  # 5x the lr: no KL term holds it (algo.kl_coef 0)
     # the CPU configs' loss: failures carry no value (R = 0), 16 tasks x 2 episodes a step
     "ipa-successes": ["algo.negative_reward=0.0", "train.tasks_per_step=16", "train.group_size=2"],
@@ -183,7 +190,8 @@ def onekey(seeds: list, best: str | None = None) -> list:
     """The headline recipe against one key changed: token level, prefilled starts; and GRPO
     (several keys). A one-key variant of a recipe other than "ipa" is named recipe-change."""
     best = best or best_recipe()
-    grpo, extra = grpo_variants(seeds, [k for k in RECIPES[best] if k.startswith("train.generated_split=")])
+    keys = [k for k in RECIPES[best] if k.startswith(TASK_KEYS)]
+    grpo, extra = grpo_variants(seeds, keys, best.removeprefix("ipa") if keys else "")
     changed = {"token": ["algo.level=token"], "prefill": ["rollout.prefill_prob=0.5"]}
     if best == "ipa":
         names = ["ipa", "ipa-token", "ipa-prefill"]

@@ -48,7 +48,7 @@ def test_each_ablation_differs_from_ipa_in_one_key_and_grpo_lists_its_keys():
     assert diff_lines(same, "b") == ["- **a**: no key differs from b", "- **b**: the reference"]
 
 
-@pytest.mark.parametrize("recipe", ["ipa", "ipa-lr1e-4", "ipa-successes", "ipa-rl-split"])
+@pytest.mark.parametrize("recipe", ["ipa", "ipa-lr1e-4", "ipa-successes", "ipa-rl-split", "ipa-rl-kinds"])
 def test_the_programs_one_key_rows_differ_from_its_headline_recipe_in_one_key(recipe):
     """bench/program.py builds compare_algos arguments: they parse, the headline recipe is the
     reference, and its token-level and prefilled rows differ from it in one key each."""
@@ -72,6 +72,8 @@ def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
     used = {n: resolved(config.load_config(ipa, variants[n] + [f"run_name={n}"])) for n in names}
     assert diff_lines(used, "ipa")[1:] == [
         "- **ipa-rl-split**: `train.generated_split` rl (ipa: train)",
+        "- **ipa-rl-kinds**: `train.generated_kinds` ['config', 'crlf', 'longest'] (ipa: []); "
+        "`train.generated_split` rl (ipa: train)",
         "- **ipa-lr1e-4**: `train.lr` 0.0001 (ipa: 2e-05)",
         "- **ipa-successes**: `algo.negative_reward` 0.0 (ipa: -1.0); `rollout.group_size` 2 (ipa: 8); "
         "`train.group_size` 2 (ipa: 8); `train.tasks_per_step` 16 (ipa: 4)"]
@@ -93,11 +95,13 @@ def test_rl_on_the_rl_split_gets_the_control_that_shows_sft_those_tasks_and_grpo
     args.sft_more_split = "train"  # the usual control keeps its name
     usual = config.load_config(ipa, compare_algos.control_sets(args, "smollm2-multistep", 0, sft_dir))
     assert (usual.sft.generated_split, usual.run_name) == ("train", "smollm2-multistep-sftmore200-seed0")
-    names, variants, _ = compare_algos.pick_variants(compare_algos.parse_args(
-        program.onekey(["0"], "ipa-rl-split")))
-    grpo = [n for n in names if n.startswith("grpo")]
-    assert len(grpo) == 3 and all(
-        config.load_config(ipa, variants[n]).train.generated_split == "rl" for n in grpo), names
+    for recipe, kinds in [("ipa-rl-split", []), ("ipa-rl-kinds", ["config", "crlf", "longest"])]:
+        names, variants, _ = compare_algos.pick_variants(compare_algos.parse_args(
+            program.onekey(["0"], recipe)))
+        grpo = [n for n in names if n.startswith("grpo")]
+        assert len(grpo) == 3 and all(n.endswith(recipe.removeprefix("ipa")) for n in grpo), names
+        drawn = [config.load_config(ipa, variants[n]).train for n in grpo]
+        assert all((t.generated_split, t.generated_kinds) == ("rl", kinds) for t in drawn), names
 
 
 def _finished(run_dir: Path, steps: int, evals: dict):
