@@ -164,3 +164,41 @@ def test_multistep_choices_classes_picks_against_a_real_listing(docker_env):
             cmd = act.replace(picks["right"], stem)
             assert choice(kind, start + [bash_call(cmd)]) == want, (kind, cmd, shown)
         assert choice(kind, start[:1] + [bash_call(act)]) == "no pick"
+
+
+def test_pick_probe_scores_the_oracles_own_turn_as_the_trainer_does(docker_env, tiny_model_dir):
+    """bench/pick_probe.py, on oracle trajectories played in real containers: the right candidate
+    is the oracle's own deciding turn, token for token; the others differ from it in the file name
+    alone; and a candidate's score is the sum of the log-probs the trainer computes for that turn
+    (learner.policy_logprobs, a different code path), so the probe scores what training sees."""
+    import dataclasses
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import learner
+    import rollout
+    from policy import ScriptedPolicy
+    sys.path.insert(0, str(ROOT / "bench"))
+    from pick_probe import decisions, score, summarise
+    cfg = config.load_config(ROOT / "configs" / "tiny.yaml", ["rollout.max_turns=4"])
+    rcfg = dataclasses.replace(config.rollout_cfg(cfg), prefill_prob=0.0, group_redundancy=0)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    fmt = chat.ChatFormat(tok, tools=rcfg.tools, template_kwargs=rcfg.chat_template_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for kind in ("longest", "crlf"):
+        tasks = G.generate_multistep_tasks(2, seed=3, split="heldout", kinds=[kind])
+        with ScriptedPolicy(tok, "oracle", template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools) as o:
+            played = [t for t in rollout.collect(tasks, o, docker_env, rcfg, group_size=1, progress=False)
+                      if t.valid and t.reward > 0]
+        got = decisions(kind, played, fmt)
+        assert len(got) == len(played) == 2, (kind, [t.finish_reason for t in played])
+        lp = learner.policy_logprobs(model, rollout.make_batch(played, tok.pad_token_id or 0), 1 << 16)
+        for t, row, (prefix, cands, right, first) in zip(played, lp, got):
+            own = t.token_ids[len(prefix):len(prefix) + len(cands[right])]
+            assert cands[right] == own and first == 0 and len(cands) >= 3, kind
+            texts = [fmt.decode(c) for c in cands]
+            assert len(set(texts)) == len(texts) and all(
+                len(set(x.split()) ^ set(texts[right].split())) in (0, 2) for x in texts), texts
+            want = row[len(prefix):len(prefix) + len(own)].sum().item()
+            assert abs(score(model, prefix, [cands[right]])[0] - want) < 1e-3, kind
+    s = summarise([([0.0, -1.0, -2.0], 0, 0), ([-3.0, 0.0, -1.0], 2, 0), ([0.0, -5.0], 1, 0)])
+    assert (s["n"], round(s["right"], 3), s["first"]) == (3, 0.333, 0.5) and 0 < s["p_right"] < 1
