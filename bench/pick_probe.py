@@ -68,16 +68,19 @@ def decisions(kind: str, trajectories: list, fmt) -> list:
 
 
 def score(model, prefix: list, cands: list) -> list:
-    """Each candidate's summed log-prob after `prefix`, from one padded forward pass."""
+    """Each candidate's summed log-prob after `prefix`: the prefix runs once, each candidate on its
+    KV cache, which is cut back to the prefix after it (candidates share hundreds of prompt tokens)."""
     import torch
-    rows = [prefix + c for c in cands]
-    width = max(map(len, rows))
-    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
-    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     with torch.no_grad():
-        lp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
-    return [sum(lp[i, len(prefix) + j - 1, tok].item() for j, tok in enumerate(c))
-            for i, c in enumerate(cands)]
+        out = model(input_ids=torch.tensor([prefix]), use_cache=True)
+        cache, first = out.past_key_values, torch.log_softmax(out.logits[0, -1].float(), -1)
+        got = []
+        for c in cands:
+            lp = torch.log_softmax(model(input_ids=torch.tensor([c]), past_key_values=cache,
+                                         use_cache=True).logits[0].float(), -1)
+            cache.crop(len(prefix))
+            got.append(first[c[0]].item() + sum(lp[j - 1, tok].item() for j, tok in enumerate(c) if j))
+    return got
 
 
 def summarise(scored: list) -> dict:
