@@ -72,13 +72,13 @@ def score(model, prefix: list, cands: list) -> list:
     KV cache, which is cut back to the prefix after it (candidates share hundreds of prompt tokens)."""
     import torch
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([prefix]), use_cache=True)
+        out = model(input_ids=torch.tensor([prefix]), use_cache=True, logits_to_keep=1)
         cache, first = out.past_key_values, torch.log_softmax(out.logits[0, -1].float(), -1)
         got = []
         for c in cands:
             lp = torch.log_softmax(model(input_ids=torch.tensor([c]), past_key_values=cache,
                                          use_cache=True).logits[0].float(), -1)
-            cache.crop(len(prefix))
+            cache.crop(-len(c))
             got.append(first[c[0]].item() + sum(lp[j - 1, tok].item() for j, tok in enumerate(c) if j))
     return got
 
@@ -103,6 +103,9 @@ def main(argv=None):
     ap.add_argument("--kinds", nargs="+", default=["longest", "crlf"], choices=["longest", "crlf"])
     ap.add_argument("--splits", nargs="+", default=SPLITS, choices=SPLITS)
     ap.add_argument("--tasks", type=int, default=40, help="tasks of each kind in each split")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (0: torch's default, every core); 1 beside another CPU job, "
+                         "where threads that wait on a busy core stall the rest many times over")
     args = ap.parse_args(argv)
     dirs = [model_dir(c) for c in args.checkpoints]
 
@@ -111,12 +114,16 @@ def main(argv=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     import chat
     import config
+    import learner
     import rollout
     from env import make_env
     from generated_tasks import generate_tasks
     from policy import ScriptedPolicy
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cfg = config.load_config(ROOT / args.config, [])
+    dtype = learner.compute_dtype(cfg, "cpu")  # model.dtype, as the run's engine samples on this CPU
     rcfg = dataclasses.replace(config.rollout_cfg(cfg), prefill_prob=0.0, group_redundancy=0)
     tok = AutoTokenizer.from_pretrained(dirs[0])
     fmt = chat.ChatFormat(tok, tools=rcfg.tools, template_kwargs=rcfg.chat_template_kwargs)
@@ -131,7 +138,7 @@ def main(argv=None):
     print(f"{'checkpoint':60s} {'kind':8s} {'split':8s} {'n':>3s} {'right':>6s} {'P(right)':>8s} "
           f"{'first':>6s} {'chance':>6s}")
     for d in dirs:
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
         for (kind, split), got in cases.items():
             scored = [(score(model, p, c), r, f)
                       for p, c, r, f in tqdm(got, desc=f"{kind} {split}", leave=False)]
