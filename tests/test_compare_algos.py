@@ -48,7 +48,8 @@ def test_each_ablation_differs_from_ipa_in_one_key_and_grpo_lists_its_keys():
     assert diff_lines(same, "b") == ["- **a**: no key differs from b", "- **b**: the reference"]
 
 
-@pytest.mark.parametrize("recipe", ["ipa", "ipa-lr1e-4", "ipa-successes", "ipa-rl-split", "ipa-rl-kinds"])
+@pytest.mark.parametrize("recipe", ["ipa", "ipa-lr1e-4", "ipa-successes", "ipa-rl-split", "ipa-rl-kinds",
+                                    "ipa-rl-kinds-rloo"])
 def test_the_programs_one_key_rows_differ_from_its_headline_recipe_in_one_key(recipe):
     """bench/program.py builds compare_algos arguments: they parse, the headline recipe is the
     reference, and its token-level and prefilled rows differ from it in one key each."""
@@ -74,6 +75,8 @@ def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
         "- **ipa-rl-split**: `train.generated_split` rl (ipa: train)",
         "- **ipa-rl-kinds**: `train.generated_kinds` ['config', 'crlf', 'longest'] (ipa: []); "
         "`train.generated_split` rl (ipa: train)",
+        "- **ipa-rl-kinds-rloo**: `algo.baseline` rloo (ipa: none); `train.generated_kinds` ['config', "
+        "'crlf', 'longest'] (ipa: []); `train.generated_split` rl (ipa: train)",
         "- **ipa-lr1e-4**: `train.lr` 0.0001 (ipa: 2e-05)",
         "- **ipa-successes**: `algo.negative_reward` 0.0 (ipa: -1.0); `rollout.group_size` 2 (ipa: 8); "
         "`train.group_size` 2 (ipa: 8); `train.tasks_per_step` 16 (ipa: 4)"]
