@@ -20,12 +20,12 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
    tie); while no curve run has finished, the config's 60.
 2. the RL recipes on seed 0, from the plateau's SFT checkpoint (runs/compare-multistep-recipes):
    IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), RL on the rl split (tasks SFT
-   never imitated) and on its least-solved kinds alone (with a group baseline too), a 5x lr, the
-   CPU configs' successes-only loss, with the control of CONTROL_STEPS more SFT steps from the same
-   checkpoint; then the rl split's own control, those steps on its oracles, every kind
-   (runs/compare-multistep-rlsplit).
+   never imitated) and on its least-solved kinds alone (with a group baseline too), with the
+   control of CONTROL_STEPS more SFT steps from the same checkpoint; then the rl split's own
+   control, those steps on its oracles, every kind (runs/compare-multistep-rlsplit).
 3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
-   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from.
+   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from; then
+   the recipes that draw the train tasks: a 5x lr, the CPU configs' successes-only loss.
 4. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
    while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline),
    and with the rl split's control too when that recipe draws it.
@@ -142,6 +142,9 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
 }
 
 
+RL_SPLIT_RECIPES = [n for n, keys in RECIPES.items() if "train.generated_split=rl" in keys]
+
+
 def best_recipe() -> str:
     """The recipe whose seed-0 run ended with the best held-out success; "ipa" on a tie or before
     any has finished."""
@@ -171,10 +174,11 @@ def compare(out: str, seeds: list, variants: list, extra: list = (),
             "--out", f"runs/compare-{prefix.removeprefix('smollm2-')}-{out}"]
 
 
-def recipes(seeds: list) -> list:
-    """The published IPA against the other recipes."""
-    extra = [a for name in RECIPES if name != "ipa" for a in recipe_variant(name)]
-    return compare("recipes", seeds, list(RECIPES), extra)
+def recipes(seeds: list, names: list = ()) -> list:
+    """The published IPA against the other recipes (`names` of RECIPES, or all)."""
+    names = list(names or RECIPES)
+    extra = [a for name in names if name != "ipa" for a in recipe_variant(name)]
+    return compare("recipes", seeds, names, extra)
 
 
 def headline(seeds: list, best: str | None = None) -> list:
@@ -218,9 +222,10 @@ def demo_control() -> list:
 # a job: ("train", config, sets), or ("compare", a function of no arguments giving compare_algos'
 # arguments when the job starts, what it reads of earlier runs being there by then; None: no job)
 JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
-    ("compare", lambda: recipes(["0"]), []),
+    ("compare", lambda: recipes(["0"], ["ipa"] + RL_SPLIT_RECIPES), []),
     ("compare", lambda: same_tasks_control(["0"]), []),
 ] + [sft_job(n, 0, "gemma3-multistep") for n in MODELS["gemma3-multistep"][1]] + [
+    ("compare", lambda: recipes(["0"]), []),  # the recipes on the train tasks, which SFT solves
     ("compare", lambda: headline(SEEDS), []),
     ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft"), []),
     ("compare", lambda: onekey(["0"]), []),
