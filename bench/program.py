@@ -20,9 +20,9 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
    tie); while no curve run has finished, the config's 60.
 2. the RL recipes on seed 0, from the plateau's SFT checkpoint (runs/compare-multistep-recipes):
    IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), RL on the rl split (tasks SFT
-   never imitated) and on its least-solved kinds alone (with a group baseline too), with the
-   control of CONTROL_STEPS more SFT steps from the same checkpoint; then the rl split's own
-   control, those steps on its oracles, every kind (runs/compare-multistep-rlsplit).
+   never imitated) and on its least-solved kinds alone (with a group baseline, or from successes
+   alone), with the control of CONTROL_STEPS more SFT steps from the same checkpoint; then the rl
+   split's own control, those steps on its oracles, every kind (runs/compare-multistep-rlsplit).
 3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
    (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from; then
    the recipes that draw the train tasks: a 5x lr, the CPU configs' successes-only loss.
@@ -136,6 +136,10 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
     # policy apart there: docs/results.md "RL from the SFT plateau")
     "ipa-rl-kinds-rloo": ["train.generated_split=rl", "train.generated_kinds=[config,crlf,longest]",
                           "algo.baseline=rloo"],
+    # the same kinds, learning from its successes alone (R = 0 on failures: nothing is pushed down),
+    # since pushing failures down took the policy apart there with or without that baseline
+    "ipa-rl-kinds-successes": ["train.generated_split=rl", "train.generated_kinds=[config,crlf,longest]",
+                               "algo.negative_reward=0.0"],
     "ipa-lr1e-4": ["train.lr=1e-4"],  # 5x the lr: no KL term holds it (algo.kl_coef 0)
     # the CPU configs' loss: failures carry no value (R = 0), 16 tasks x 2 episodes a step
     "ipa-successes": ["algo.negative_reward=0.0", "train.tasks_per_step=16", "train.group_size=2"],

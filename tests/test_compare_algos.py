@@ -72,7 +72,8 @@ def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
     import program
     jobs = [what for kind, what, _ in program.JOBS if kind == "compare"]
     firsts = [compare_algos.pick_variants(compare_algos.parse_args(j()))[0] for j in (jobs[0], jobs[2])]
-    assert firsts == [["ipa", "ipa-rl-split", "ipa-rl-kinds", "ipa-rl-kinds-rloo"], list(program.RECIPES)]
+    assert firsts == [["ipa", "ipa-rl-split", "ipa-rl-kinds", "ipa-rl-kinds-rloo", "ipa-rl-kinds-successes"],
+                      list(program.RECIPES)]
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
     names, variants, _ = compare_algos.pick_variants(compare_algos.parse_args(program.recipes(["0"])))
     used = {n: resolved(config.load_config(ipa, variants[n] + [f"run_name={n}"])) for n in names}
@@ -82,6 +83,8 @@ def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
         "`train.generated_split` rl (ipa: train)",
         "- **ipa-rl-kinds-rloo**: `algo.baseline` rloo (ipa: none); `train.generated_kinds` ['config', "
         "'crlf', 'longest'] (ipa: []); `train.generated_split` rl (ipa: train)",
+        "- **ipa-rl-kinds-successes**: `algo.negative_reward` 0.0 (ipa: -1.0); `train.generated_kinds` "
+        "['config', 'crlf', 'longest'] (ipa: []); `train.generated_split` rl (ipa: train)",
         "- **ipa-lr1e-4**: `train.lr` 0.0001 (ipa: 2e-05)",
         "- **ipa-successes**: `algo.negative_reward` 0.0 (ipa: -1.0); `rollout.group_size` 2 (ipa: 8); "
         "`train.group_size` 2 (ipa: 8); `train.tasks_per_step` 16 (ipa: 4)"]
