@@ -3,8 +3,8 @@
 marks as CRLF), the oracle's trajectory is played in real containers up to the turn that names the
 file; there each file of the listing is put in the oracle's command instead, and the policy scores
 every such command token-exactly (the sum of its tokens' log-probs after the real prompt). Per
-split (fresh draws of its ranges: train, the counts SFT imitated; rl, RL's; heldout, the eval's),
-per checkpoint:
+split (tasks of the config's generated_seed + 1: fresh draws of the counts SFT imitated, train;
+of RL's, rl; of the eval's, heldout), per checkpoint:
 
     right      how often the right file's command scores highest (what greedy decoding writes there)
     P(right)   the right command's probability among the candidates, mean over tasks
@@ -20,14 +20,12 @@ A run directory means its latest checkpoint's weights; a model directory is take
 import argparse
 import dataclasses
 import math
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from multistep_choices import listing  # noqa: E402
 
 SPLITS = ["train", "rl", "heldout"]
