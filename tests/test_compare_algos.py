@@ -284,3 +284,21 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
     curve = resolved(config.load_config(ROOT / path, sets))
     sft = {k: v for k, v in gemma.items() if k.startswith(("sft.", "model.", "data."))}
     assert sft == {k: v for k, v in curve.items() if k in sft}
+
+
+def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch):
+    """The program's recipes on seeds 1 2 leave out a recipe whose seed-0 run ended 10 points or more
+    below its SFT-only start; one that ended near it, and one not finished, stay."""
+    import program
+    monkeypatch.setattr(program, "ROOT", tmp_path)
+    runs = tmp_path / "runs"
+    _finished(runs / "smollm2-multistep-sft250-seed0", 0, {0: 0.85})
+    _finished(runs / "smollm2-multistep-sft60-seed0", 0, {0: 0.70})
+    _finished(runs / "smollm2-multistep-ipa-seed0", program.RL_STEPS, {0: 0.85, 20: 0.85})
+    _finished(runs / "smollm2-multistep-ipa-rl-split-seed0", program.RL_STEPS, {0: 0.85, 20: 0.7625})
+    _finished(runs / "smollm2-multistep-ipa-rl-kinds-seed0", program.RL_STEPS, {0: 0.85, 20: 0.75})
+    kept = program.held_recipes()
+    assert kept[:2] == ["ipa", "ipa-rl-split"] and "ipa-rl-kinds" not in kept
+    assert set(program.RECIPES) - set(kept) == {"ipa-rl-kinds"}
+    names = compare_algos.pick_variants(compare_algos.parse_args(program.recipes(["1", "2"], kept)))[0]
+    assert names == kept
