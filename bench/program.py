@@ -31,7 +31,7 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
    and with the rl split's control too when that recipe draws it.
 5. the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
    (runs/compare-multistep-onekey); the CPU demo's control (runs/compare-demo); then seeds 1 2 of
-   the one-key rows, GRPO at its best seed-0 lr; then the other recipes' seeds 1 2.
+   the one-key rows, GRPO at its best seed-0 lr; then seeds 1 2 of the recipes that held (held_recipes).
 6. Gemma's published IPA from its plateau on seeds 0 1 2 with its control
    (runs/compare-gemma3-multistep-headline).
 """
