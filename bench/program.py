@@ -122,24 +122,23 @@ def grpo_variants(seeds: list, keys: list = (), suffix: str = "") -> tuple[list,
     return list(lrs), out
 
 
+# the rl split's kinds RL solves least (under 90% of ipa-rl-split's seed-0 episodes), alone, so
+# each kind meets ~3x the groups a run; held-out keeps every kind
+RL_KINDS = ["train.generated_split=rl", "train.generated_kinds=[config,crlf,longest]"]
 RECIPES = {  # IPA as published (the config), and the recipes tried beside it: keys on top of "ipa"
     "ipa": [],
     # RL on tasks SFT never imitated, with their verifier alone: the rl split's names, words and
     # numbers (two-digit counts, as held-out has), where a policy that solves the train tasks still
     # fails (docs/results.md "RL from the SFT plateau")
     "ipa-rl-split": ["train.generated_split=rl"],
-    # the same, of the kinds it solves least there (under 90% of its seed-0 episodes), so each kind
-    # meets ~3x the groups a run; held-out keeps every kind
-    "ipa-rl-kinds": ["train.generated_split=rl", "train.generated_kinds=[config,crlf,longest]"],
-    # the same with a leave-one-out group baseline: a failure counts against its group's successes,
-    # and a group that never succeeds pushes nothing down (without it, failures' R = -1 took the
-    # policy apart there: docs/results.md "RL from the SFT plateau")
-    "ipa-rl-kinds-rloo": ["train.generated_split=rl", "train.generated_kinds=[config,crlf,longest]",
-                          "algo.baseline=rloo"],
-    # the same kinds, learning from its successes alone (R = 0 on failures: nothing is pushed down),
-    # since pushing failures down took the policy apart there with or without that baseline
-    "ipa-rl-kinds-successes": ["train.generated_split=rl", "train.generated_kinds=[config,crlf,longest]",
-                               "algo.negative_reward=0.0"],
+    "ipa-rl-kinds": RL_KINDS,
+    # with a leave-one-out group baseline: a failure counts against its group's successes, and a
+    # group that never succeeds pushes nothing down (without it, failures' R = -1 took the policy
+    # apart there: docs/results.md "RL from the SFT plateau")
+    "ipa-rl-kinds-rloo": RL_KINDS + ["algo.baseline=rloo"],
+    # learning from its successes alone (R = 0 on failures: nothing is pushed down), since pushing
+    # failures down took the policy apart there with or without that baseline
+    "ipa-rl-kinds-successes": RL_KINDS + ["algo.negative_reward=0.0"],
     "ipa-lr1e-4": ["train.lr=1e-4"],  # 5x the lr: no KL term holds it (algo.kl_coef 0)
     # the CPU configs' loss: failures carry no value (R = 0), 16 tasks x 2 episodes a step
     "ipa-successes": ["algo.negative_reward=0.0", "train.tasks_per_step=16", "train.group_size=2"],
