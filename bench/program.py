@@ -21,19 +21,20 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
 2. the RL recipes on seed 0, from the plateau's SFT checkpoint (runs/compare-multistep-recipes):
    IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), RL on the rl split (tasks SFT
    never imitated) and on its least-solved kinds alone (with a group baseline, or from successes
-   alone), with the control of CONTROL_STEPS more SFT steps from the same checkpoint; then the rl
-   split's own control, those steps on its oracles, every kind (runs/compare-multistep-rlsplit).
-3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
-   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from; then
-   the recipes that draw the train tasks: a 5x lr, the CPU configs' successes-only loss.
-4. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
-   while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline),
-   and with the rl split's control too when that recipe draws it.
-5. the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
-   (runs/compare-multistep-onekey); the CPU demo's control (runs/compare-demo); then seeds 1 2 of
-   the one-key rows, GRPO at its best seed-0 lr; then seeds 1 2 of the recipes that held (held_recipes).
+   alone), with the control of CONTROL_STEPS more SFT steps from the same checkpoint.
+3. the CPU demo's control, 3 seeds (runs/compare-demo): short, and independent of the rest; then the
+   recipes that draw the train tasks on seed 0: a 5x lr, the CPU configs' successes-only loss.
+4. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
+   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from.
+5. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
+   while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline);
+   the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
+   (runs/compare-multistep-onekey); the rl split's own control, CONTROL_STEPS SFT steps on its
+   oracles (runs/compare-multistep-rlsplit); then seeds 1 2 of the one-key rows, GRPO at its best
+   seed-0 lr.
 6. Gemma's published IPA from its plateau on seeds 0 1 2 with its control
-   (runs/compare-gemma3-multistep-headline).
+   (runs/compare-gemma3-multistep-headline); the rl split's control of the headline when its recipe
+   draws that split; seeds 1 2 of the recipes that held (held_recipes).
 """
 import argparse
 import fcntl
@@ -235,17 +236,17 @@ def demo_control() -> list:
 # arguments when the job starts, what it reads of earlier runs being there by then; None: no job)
 JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
     ("compare", lambda: recipes(["0"], ["ipa"] + RL_SPLIT_RECIPES), []),
-    ("compare", lambda: same_tasks_control(["0"]), []),
-] + [sft_job(n, 0, "gemma3-multistep") for n in MODELS["gemma3-multistep"][1]] + [
-    ("compare", lambda: recipes(["0"]), []),  # the recipes on the train tasks, which SFT solves
-    ("compare", lambda: headline(SEEDS), []),
-    ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft"), []),
-    ("compare", lambda: onekey(["0"]), []),
     ("compare", demo_control, []),
+    ("compare", lambda: recipes(["0"]), []),  # the recipes on the train tasks, which SFT solves
+] + [sft_job(n, 0, "gemma3-multistep") for n in MODELS["gemma3-multistep"][1]] + [
+    ("compare", lambda: headline(SEEDS), []),
+    ("compare", lambda: onekey(["0"]), []),
+    ("compare", lambda: same_tasks_control(["0"]), []),
     ("compare", lambda: onekey(SEEDS), []),
-    ("compare", lambda: recipes(SEEDS, held_recipes()), []),
     # the published IPA on Gemma, from its own plateau
     ("compare", lambda: compare("headline", SEEDS, ["ipa"], prefix="gemma3-multistep"), []),
+    ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft"), []),
+    ("compare", lambda: recipes(SEEDS, held_recipes()), []),
 ]
 
 
