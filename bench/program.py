@@ -25,16 +25,16 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
 3. the CPU demo's control, 3 seeds (runs/compare-demo): short, and independent of the rest; then the
    recipes that draw the train tasks on seed 0: a 5x lr, the CPU configs' successes-only loss.
 4. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
-   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from.
+   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from; then
+   its published IPA from its plateau with its control, seed 0 (runs/compare-gemma3-multistep-headline).
 5. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
    while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline);
    the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
    (runs/compare-multistep-onekey); the rl split's own control, CONTROL_STEPS SFT steps on its
    oracles (runs/compare-multistep-rlsplit); then seeds 1 2 of the one-key rows, GRPO at its best
    seed-0 lr.
-6. Gemma's published IPA from its plateau on seeds 0 1 2 with its control
-   (runs/compare-gemma3-multistep-headline); the rl split's control of the headline when its recipe
-   draws that split; seeds 1 2 of the recipes that held (held_recipes).
+6. Gemma's seeds 1 2; the rl split's control of the headline when its recipe draws that split;
+   seeds 1 2 of the recipes that held (held_recipes).
 """
 import argparse
 import fcntl
@@ -234,17 +234,19 @@ def demo_control() -> list:
 
 # a job: ("train", config, sets), or ("compare", a function of no arguments giving compare_algos'
 # arguments when the job starts, what it reads of earlier runs being there by then; None: no job)
+GEMMA = "gemma3-multistep"
 JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
     ("compare", lambda: recipes(["0"], ["ipa"] + RL_SPLIT_RECIPES), []),
     ("compare", demo_control, []),
     ("compare", lambda: recipes(["0"]), []),  # the recipes on the train tasks, which SFT solves
-] + [sft_job(n, 0, "gemma3-multistep") for n in MODELS["gemma3-multistep"][1]] + [
+] + [sft_job(n, 0, GEMMA) for n in MODELS[GEMMA][1]] + [
+    # the published IPA on Gemma from its own plateau: seed 0 first, whether it adds where SmolLM2 did not
+    ("compare", lambda: compare("headline", ["0"], ["ipa"], prefix=GEMMA), []),
     ("compare", lambda: headline(SEEDS), []),
     ("compare", lambda: onekey(["0"]), []),
     ("compare", lambda: same_tasks_control(["0"]), []),
     ("compare", lambda: onekey(SEEDS), []),
-    # the published IPA on Gemma, from its own plateau
-    ("compare", lambda: compare("headline", SEEDS, ["ipa"], prefix="gemma3-multistep"), []),
+    ("compare", lambda: compare("headline", SEEDS, ["ipa"], prefix=GEMMA), []),
     ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft"), []),
     ("compare", lambda: recipes(SEEDS, held_recipes()), []),
 ]

@@ -269,22 +269,24 @@ def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(
 
 
 def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_changed():
-    """Gemma's SFT runs (configs/gemma3-multistep.yaml) and its headline (the IPA config with
-    Gemma's keys on top) resolve to the same settings as each other's SFT, and to SmolLM2's but
-    for the model."""
+    """Gemma's SFT runs (configs/gemma3-multistep.yaml) and its headline jobs (the IPA config with
+    Gemma's keys on top: seed 0, then all three) resolve to the same settings as each other's SFT,
+    and to SmolLM2's but for the model."""
     import program
     jobs = [job() for kind, job, _ in program.JOBS if kind == "compare"]
-    args, = [compare_algos.parse_args(a) for a in jobs if a and "runs/compare-gemma3-multistep-headline" in a]
-    names, variants, _ = compare_algos.pick_variants(args)
-    ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
-    gemma = resolved(config.load_config(ipa, args.set + variants["ipa"]))
-    smollm2 = resolved(config.load_config(ipa, variants["ipa"]))
-    assert sorted(k for k in gemma if gemma[k] != smollm2.get(k)) == ["model.fetch", "model.path"]
-    assert args.out == "runs/compare-gemma3-multistep-headline"
+    out = "runs/compare-gemma3-multistep-headline"
+    gemma_jobs = [compare_algos.parse_args(a) for a in jobs if a and out in a]
+    assert [args.seeds for args in gemma_jobs] == [[0], [int(s) for s in program.SEEDS]]
     kind, path, sets = program.sft_job(60, 0, "gemma3-multistep")
     curve = resolved(config.load_config(ROOT / path, sets))
-    sft = {k: v for k, v in gemma.items() if k.startswith(("sft.", "model.", "data."))}
-    assert sft == {k: v for k, v in curve.items() if k in sft}
+    ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
+    for args in gemma_jobs:
+        names, variants, _ = compare_algos.pick_variants(args)
+        gemma = resolved(config.load_config(ipa, args.set + variants["ipa"]))
+        smollm2 = resolved(config.load_config(ipa, variants["ipa"]))
+        assert sorted(k for k in gemma if gemma[k] != smollm2.get(k)) == ["model.fetch", "model.path"]
+        sft = {k: v for k, v in gemma.items() if k.startswith(("sft.", "model.", "data."))}
+        assert sft == {k: v for k, v in curve.items() if k in sft}
 
 
 def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch):
