@@ -12,18 +12,18 @@ leak into a half-done series (the commit is logged at every start). A second dri
 runs/ is refused (runs/program.lock). A job that fails is logged and left for the next start; the
 queue goes on with the next one.
 
-The queue, most informative first (the headline's start depends on the SFT curve, its recipe on
-the recipes' seed 0, and every RL row is read against its seed's SFT-only policy and control):
-1. the SFT curve of configs/smollm2-multistep.yaml, seed 0, budgets SFT_CURVE, without early stop,
-   train.steps=0: val_oracle_prob every 5 steps and the SFT-only policy's held-out eval (its
-   step-0 eval). The plateau budget is the one with the best held-out success (fewer steps on a
-   tie); while no curve run has finished, the config's 60.
-2. the RL recipes on seed 0, from the plateau's SFT checkpoint (runs/compare-multistep-recipes):
-   IPA as the paper gives it (configs/smollm2-multistep-ipa.yaml), RL on the rl split (tasks SFT
-   never imitated) and on its least-solved kinds alone (with a group baseline, or from successes
-   alone), with the control of CONTROL_STEPS more SFT steps from the same checkpoint.
-3. the CPU demo's control, 3 seeds (runs/compare-demo): short, and independent of the rest; then the
-   recipes that draw the train tasks on seed 0: a 5x lr, the CPU configs' successes-only loss.
+The queue, most informative first (every RL row starts from its seed's SFT plateau, the headline's
+recipe is the recipes' best on seed 0, and every RL row is read against its seed's SFT-only policy
+and control); runs whose seed-0 figures docs/results.md already holds come last, reproducing them:
+1. the CPU demo's control, 3 seeds (runs/compare-demo): short, and independent of the rest.
+2. the plateau of the SFT curve of configs/smollm2-multistep.yaml, seed 0 (SFT_CURVE[0], without
+   early stop, train.steps=0: val_oracle_prob every 5 steps and the SFT-only policy's held-out
+   eval, its step-0 eval). The plateau budget is the curve's best held-out success (fewer steps on
+   a tie) among the curve runs finished; while none has, the config's 60.
+3. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
+   CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-recipes): IPA as
+   the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
+   successes-only loss.
 4. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
    (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from; then
    its published IPA from its plateau with its control, seed 0 (runs/compare-gemma3-multistep-headline).
@@ -32,9 +32,11 @@ the recipes' seed 0, and every RL row is read against its seed's SFT-only policy
    the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
    (runs/compare-multistep-onekey); the rl split's own control, CONTROL_STEPS SFT steps on its
    oracles (runs/compare-multistep-rlsplit); then seeds 1 2 of the one-key rows, GRPO at its best
-   seed-0 lr.
-6. Gemma's seeds 1 2; the rl split's control of the headline when its recipe draws that split;
-   seeds 1 2 of the recipes that held (held_recipes).
+   seed-0 lr; Gemma's seeds 1 2.
+6. the recipes on the rl split (tasks SFT never imitated; on its least-solved kinds alone, with a
+   group baseline or from successes alone) on seed 0; the rl split's control of the headline when
+   its recipe draws that split; seeds 1 2 of the recipes that held (held_recipes); the SFT curve's
+   budgets under its plateau.
 """
 import argparse
 import fcntl
@@ -54,9 +56,10 @@ IPA = "configs/smollm2-multistep-ipa.yaml"
 # SFT without early stop: the budget is the variable. The run name carries the budget, as
 # compare_algos names its per-seed SFT runs, so the comparisons find the curve's seed-0 run of
 # their budget done.
-# the config's budget first (the headline's fallback start); 250 past 150, where success still rose.
-# Below 60 the runs' val_oracle_prob, scored every 5 steps from step 0, shows the rise.
-SFT_CURVE = [60, 150, 100, 250]
+# 250 first: the plateau of the curve in docs/results.md ("The SFT curve"), where every row starts;
+# the budgets under it reproduce that curve, last in the queue. Below 60 the runs'
+# val_oracle_prob, scored every 5 steps from step 0, shows the rise.
+SFT_CURVE = [250, 60, 150, 100]
 # The control's SFT steps: the RL phase's wall time in SFT steps. On the idle Xeon a multi-step RL
 # step of 32 episodes takes ~95 s and an SFT step of 8 trajectories 8-10 s (docs/results.md "Where
 # SmolLM2's time goes"), so 20 RL steps ~ 200 SFT steps. Each run's summary logs its wall time.
@@ -146,7 +149,7 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
 }
 
 
-RL_SPLIT_RECIPES = [n for n, keys in RECIPES.items() if "train.generated_split=rl" in keys]
+TRAIN_SPLIT_RECIPES = [n for n, keys in RECIPES.items() if "train.generated_split=rl" not in keys]
 
 
 def held_recipes() -> list:
@@ -235,11 +238,9 @@ def demo_control() -> list:
 # a job: ("train", config, sets), or ("compare", a function of no arguments giving compare_algos'
 # arguments when the job starts, what it reads of earlier runs being there by then; None: no job)
 GEMMA = "gemma3-multistep"
-JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
-    ("compare", lambda: recipes(["0"], ["ipa"] + RL_SPLIT_RECIPES), []),
-    ("compare", demo_control, []),
-    ("compare", lambda: recipes(["0"]), []),  # the recipes on the train tasks, which SFT solves
-] + [sft_job(n, 0, GEMMA) for n in MODELS[GEMMA][1]] + [
+JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0),
+        ("compare", lambda: recipes(["0"], TRAIN_SPLIT_RECIPES), []),
+        ] + [sft_job(n, 0, GEMMA) for n in MODELS[GEMMA][1]] + [
     # the published IPA on Gemma from its own plateau: seed 0 first, whether it adds where SmolLM2 did not
     ("compare", lambda: compare("headline", ["0"], ["ipa"], prefix=GEMMA), []),
     ("compare", lambda: headline(SEEDS), []),
@@ -247,9 +248,11 @@ JOBS = [sft_job(n, 0) for n in SFT_CURVE] + [
     ("compare", lambda: same_tasks_control(["0"]), []),
     ("compare", lambda: onekey(SEEDS), []),
     ("compare", lambda: compare("headline", SEEDS, ["ipa"], prefix=GEMMA), []),
+    # from here on, seed-0 rows docs/results.md already holds come back: the recipes on the rl split
+    ("compare", lambda: recipes(["0"]), []),
     ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft"), []),
     ("compare", lambda: recipes(SEEDS, held_recipes()), []),
-]
+] + [sft_job(n, 0) for n in SFT_CURVE[1:]]  # last: a change of plateau would move no row after it
 
 
 def log(msg: str):
