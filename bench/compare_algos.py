@@ -412,10 +412,11 @@ def write_tables(args, out: Path, seeds: list, curves: dict, used: dict, finals:
           f"Where each variant differs from {reference}:", "", *diff_lines(used, reference),
           *([f"- **{control}**: {args.sft_more} more SFT steps from the seed's SFT-only checkpoint, no RL"
              + ("" if args.sft_more_split == "train" else f", on the {args.sft_more_split} split's oracles")]
-            if control in finals else []), "",
-          "Keys that differ between the variants:", "",
-          "| key | " + " | ".join(used) + " |", "|---|" + "---|" * len(used)]
-    md += [f"| {k} | " + " | ".join(str(u.get(k)) for u in used.values()) + " |" for k in differ]
+            if control in finals else [])]
+    if differ:  # one variant alone differs from nothing
+        md += ["", "Keys that differ between the variants:", "",
+               "| key | " + " | ".join(used) + " |", "|---|" + "---|" * len(used)]
+        md += [f"| {k} | " + " | ".join(str(u.get(k)) for u in used.values()) + " |" for k in differ]
     text = "\n".join(md) + "\n"
     (out / "compare.md").write_text(text)
     print("\n" + text)

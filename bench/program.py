@@ -230,7 +230,8 @@ def onekey(seeds: list, best: str | None = None) -> list:
 
 def demo_control() -> list:
     """The CPU demo (configs/smollm2-cpu.yaml: 10 SFT steps, 6 RL steps) beside its control: 6 RL
-    steps of 32 easy episodes take ~50 s each on the idle Xeon, an easy SFT step ~7 s: 40 steps."""
+    steps of 32 easy episodes take ~50 s each on the idle Xeon, an easy SFT step ~5 s: 40 steps
+    stay under RL's wall time, so the control never has more time than RL."""
     return ["--config", "configs/smollm2-cpu.yaml", "--seeds", *SEEDS, "--variants", "ipa",
             "--sft-more", "40", "--out", "runs/compare-demo"]
 

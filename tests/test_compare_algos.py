@@ -165,6 +165,9 @@ def test_no_run_summarises_finished_runs_in_a_stable_order(capsys):
                             "--set", "train.steps=1", "--variants", "ipa",
                             "--variant", "mine=algo.level=token"])
         assert "| step | ipa | mine |" in (out / "compare.md").read_text()  # yours run after --variants
+        compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0", "--set", f"run_name={name}",
+                            "--set", "train.steps=1", "--variants", "ipa"])
+        assert "Keys that differ" not in (out / "compare.md").read_text()  # one variant: no empty table
         with pytest.raises(SystemExit, match="unfinished"):
             compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0",
                                 "--set", f"run_name={name}", "--set", "train.steps=2", "--variants", "ipa"])
