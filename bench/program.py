@@ -20,13 +20,14 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    early stop, train.steps=0: val_oracle_prob every 5 steps and the SFT-only policy's held-out
    eval, its step-0 eval). The plateau budget is the curve's best held-out success (fewer steps on
    a tie) among the curve runs finished; while none has, the config's 60.
-3. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
+3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
+   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from, and
+   whether RL adds where SmolLM2's seed-0 rows in docs/results.md show it does not; then its
+   published IPA from its plateau with its control, seed 0 (runs/compare-gemma3-multistep-headline).
+4. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
    CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-recipes): IPA as
    the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
    successes-only loss.
-4. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
-   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from; then
-   its published IPA from its plateau with its control, seed 0 (runs/compare-gemma3-multistep-headline).
 5. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
    while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline);
    the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
@@ -239,11 +240,11 @@ def demo_control() -> list:
 # a job: ("train", config, sets), or ("compare", a function of no arguments giving compare_algos'
 # arguments when the job starts, what it reads of earlier runs being there by then; None: no job)
 GEMMA = "gemma3-multistep"
-JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0),
-        ("compare", lambda: recipes(["0"], TRAIN_SPLIT_RECIPES), []),
-        ] + [sft_job(n, 0, GEMMA) for n in MODELS[GEMMA][1]] + [
+JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
+    sft_job(n, 0, GEMMA) for n in MODELS[GEMMA][1]] + [
     # the published IPA on Gemma from its own plateau: seed 0 first, whether it adds where SmolLM2 did not
     ("compare", lambda: compare("headline", ["0"], ["ipa"], prefix=GEMMA), []),
+    ("compare", lambda: recipes(["0"], TRAIN_SPLIT_RECIPES), []),
     ("compare", lambda: headline(SEEDS), []),
     ("compare", lambda: onekey(["0"]), []),
     ("compare", lambda: same_tasks_control(["0"]), []),
