@@ -66,13 +66,19 @@ def test_the_programs_one_key_rows_differ_from_its_headline_recipe_in_one_key(re
     assert compare_algos.pick_variants(head)[0] == [recipe] and head.sft_more == program.CONTROL_STEPS
 
 
+def program_comparisons() -> list:
+    """compare_algos' parsed arguments of each comparison bench/program.py queues, in its order."""
+    import program
+    return [compare_algos.parse_args(args) for kind, what, _ in program.JOBS
+            if kind == "compare" and (args := what())]
+
+
 def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
     """Each recipe differs from the published IPA in its own keys; the program's first recipes job
     runs those that draw the train split, a later one all of them."""
     import program
-    jobs = [compare_algos.parse_args(args) for kind, what, _ in program.JOBS
-            if kind == "compare" and (args := what())]
-    recipe_jobs = [compare_algos.pick_variants(a)[0] for a in jobs if a.out.endswith("-recipes")]
+    recipe_jobs = [compare_algos.pick_variants(a)[0] for a in program_comparisons()
+                   if a.out.endswith("-recipes")]
     assert recipe_jobs[:2] == [["ipa", "ipa-lr1e-4", "ipa-successes"], list(program.RECIPES)]
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
     names, variants, _ = compare_algos.pick_variants(compare_algos.parse_args(program.recipes(["0"])))
@@ -276,9 +282,7 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
     Gemma's keys on top: seed 0, then all three) resolve to the same settings as each other's SFT,
     and to SmolLM2's but for the model."""
     import program
-    jobs = [job() for kind, job, _ in program.JOBS if kind == "compare"]
-    out = "runs/compare-gemma3-multistep-headline"
-    gemma_jobs = [compare_algos.parse_args(a) for a in jobs if a and out in a]
+    gemma_jobs = [a for a in program_comparisons() if a.out == "runs/compare-gemma3-multistep-headline"]
     assert [args.seeds for args in gemma_jobs] == [[0], [int(s) for s in program.SEEDS]]
     kind, path, sets = program.sft_job(60, 0, "gemma3-multistep")
     curve = resolved(config.load_config(ROOT / path, sets))
