@@ -157,7 +157,7 @@ class TrainConfig:
     sync_check: bool = True                                  # per sync: compare engine and trainer log-probs
     log_entropy: bool = True                                 # entropy metric (a vocab softmax per token)
     head_block_logits: Annotated[int, ">= 0"] = 0            # logits per output-head block (caps its memory);
-    #                                                          0 = by device: 1/16 free GPU memory, CPU 2^24
+    #                                                          0 = by device: 1/16 free GPU memory, CPU 2^26
     pack_rows: bool = False                                  # a micro-batch's rows as one unpadded sequence
     #                                                          (GPU: flash-attention varlen, else flex)
 

@@ -310,7 +310,7 @@ def make_optimizer(model, lr: float, weight_decay: float, betas, warmup: int, to
 
 def model_logprobs(model, input_ids, attention_mask=None, lengths=None, forward_kw=None, **kw):
     """(lp, entropy) [B,T] of input_ids under `model`: the last hidden states go through the output
-    head in time blocks (logprobs.linear_token_logprobs, kw = its temperature/top_k/top_p/entropy/
+    head in blocks (logprobs.linear_token_logprobs, kw = its temperature/top_k/top_p/entropy/
     block arguments), so the [B,T,V] logits are never held. The head is swapped for the duration of
     the call, inside the model's forward, so DDP, FSDP2 and autocast see an ordinary forward. With
     the rows' `lengths` (host ints) the rows are packed into one sequence (packed_logprobs)."""

@@ -13,6 +13,8 @@ Everything here takes tensors and returns tensors; learner.py runs the model.
 """
 import torch
 
+from memory_plan import CPU_BLOCK_LOGITS  # the head's block on a CPU: memory_plan.head_block_logits
+
 
 def topk_rule(device_type: str) -> str:
     """The rule vLLM 0.32's sampler keeps its top-k / top-p support by, on the device the engine
@@ -82,9 +84,6 @@ def _exact_top_p_of_k(x, keep, k, top_p):
     return torch.zeros_like(keep).scatter(-1, ids.gather(-1, order), _top_p_prefix(vals, top_p))
 
 
-CPU_BLOCK_LOGITS = 2 ** 24  # the default head block, 256 MiB of fp32 logits (memory_plan.head_block_logits
-#                             sizes it from the device)
-
 
 def _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_grad):
     """(lp, entropy) of one time block of logits x [B,t,V] for next tokens nxt [B,t]: fp32 math on
@@ -144,23 +143,105 @@ def token_logprobs(logits, input_ids, temperature=1.0, with_entropy=False, entro
 
 
 def linear_token_logprobs(hidden, weight, input_ids, temperature=1.0, with_entropy=False, entropy_grad=False,
-                          block_size=None, top_k=-1, top_p=1.0, block_logits=CPU_BLOCK_LOGITS):
+                          top_k=-1, top_p=1.0, block_logits=CPU_BLOCK_LOGITS):
     """token_logprobs of logits = hidden @ weight.T (the output head), without ever holding them:
-    each time block's logits are made, reduced to [B,t] and dropped, and made again in backward
-    (activation checkpointing), so memory is ~block_logits logits instead of B × T × V
-    (bench/bench_logprobs.py; memory_plan.head_block_logits sizes the blocks from the device)."""
-    from torch.utils.checkpoint import checkpoint
-    B, T, _ = hidden.shape
-    block_size = _block_positions(B, weight.shape[0], block_logits, block_size)
+    the positions go through the head in blocks of ~block_logits logits, each block reduced to
+    its rows' lp and entropy and dropped, and made again in backward (_HeadLogprobs), so memory is
+    ~block_logits logits instead of B × T × V (bench/bench_logprobs.py; memory_plan.
+    head_block_logits sizes the blocks from the device). Under autocast the head computes in
+    autocast's dtype, as F.linear would."""
+    B, T, H = hidden.shape
+    V = weight.shape[0]
+    rows = max(1, block_logits // max(V, 1))
+    dev = hidden.device.type
+    dt = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
+          else torch.promote_types(hidden.dtype, weight.dtype))
+    grad_ent = bool(with_entropy and entropy_grad and torch.is_grad_enabled())
+    lp, ent = _HeadLogprobs.apply(hidden[:, :-1].reshape(-1, H), weight, input_ids[:, 1:].reshape(-1),
+                                  dt, float(temperature), int(top_k), float(top_p), rows, bool(with_entropy),
+                                  grad_ent)
+    zero = lp.new_zeros(B, 1)
+    lp = torch.cat([zero, lp.view(B, T - 1)], dim=1)
+    if not with_entropy:
+        return lp, None
+    ent = torch.cat([zero, ent.view(B, T - 1)], dim=1)
+    return lp, (ent if grad_ent else ent.detach())
 
-    def block(h, nxt):
-        return _block_logprobs(torch.nn.functional.linear(h, weight), nxt, temperature, top_k, top_p,
-                               with_entropy, entropy_grad)
 
-    zero = hidden.new_zeros(B, 1, dtype=torch.float32)
-    lps, ents = [zero], [zero]
-    for h, nxt in zip(hidden[:, :-1].split(block_size, dim=1), input_ids[:, 1:].split(block_size, dim=1)):
-        lp, ent = checkpoint(block, h, nxt, use_reentrant=False) if torch.is_grad_enabled() else block(h, nxt)
-        lps.append(lp)
-        ents.append(ent)
-    return torch.cat(lps, dim=1), (torch.cat(ents, dim=1) if with_entropy else None)
+def _head_block(h, w, nxt, temperature, top_k, top_p, acc):
+    """z = h @ w.T / τ of one block of positions in `acc` (fp32, or fp64 for gradcheck), -inf off
+    the sampling support (which always holds the sampled token nxt: rounding can disagree at the
+    edge); and that support, None when it is the whole vocabulary."""
+    z = (h @ w.T).to(acc)  # a new tensor either way: written in place from here
+    if temperature != 1.0:
+        z.div_(temperature)
+    keep = None
+    if top_k > 0 or top_p < 1.0:  # the support is the sampler's decision, not a function to differentiate
+        keep = sampling_support(z, top_k, top_p)
+        keep.scatter_(-1, nxt[:, None], True)
+        z.masked_fill_(~keep, float("-inf"))
+    return z, keep
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """lp = z[nxt] − lse(z) and H = lse − Σ p·z (p = exp(z − lse), 0 off the support) of N positions
+    [N,H] through the head, block by block in the compute dtype `dt`, the reductions in fp32. The
+    backward makes each block's z again and turns it in place into
+    dL/dz = g_lp·(onehot(nxt) − p) − g_H·p·(log p + H), so a block costs one [rows, V] buffer and
+    the head's weight is cast once a call: autograd through logsumexp and gather kept several
+    buffers a block and cast the weight in each (tests/test_logprobs.py checks both gradients
+    against autograd on the full logits)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, nxt, dt, temperature, top_k, top_p, rows, with_entropy, grad_ent):
+        acc = torch.float64 if dt == torch.float64 else torch.float32
+        N = h.shape[0]
+        lp, lse = h.new_empty(N, dtype=acc), h.new_empty(N, dtype=acc)
+        ent = h.new_zeros(N, dtype=acc)
+        with torch.autocast(h.device.type, enabled=False):
+            hc, wc = h.to(dt), weight.to(dt)
+            for i in range(0, N, rows):
+                z, keep = _head_block(hc[i:i + rows], wc, nxt[i:i + rows], temperature, top_k, top_p, acc)
+                s = torch.logsumexp(z, dim=-1)
+                lse[i:i + rows] = s
+                lp[i:i + rows] = z.gather(-1, nxt[i:i + rows, None])[:, 0] - s
+                if with_entropy:
+                    zf = z if keep is None else z.masked_fill(~keep, 0.0)  # p = 0 there; 0 * -inf is nan
+                    ent[i:i + rows] = s - (torch.exp(z - s[:, None]) * zf).sum(-1)
+        ctx.save_for_backward(h, weight, nxt, lse, ent)
+        ctx.args = (dt, acc, temperature, top_k, top_p, rows, grad_ent)
+        if not grad_ent:
+            ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        h, weight, nxt, lse, ent = ctx.saved_tensors
+        dt, acc, temperature, top_k, top_p, rows, grad_ent = ctx.args
+        need_h, need_w = ctx.needs_input_grad[:2]
+        gh = torch.empty_like(h) if need_h else None
+        # the weight's gradient summed over the blocks in its own dtype, as autograd would add them
+        gw = torch.zeros_like(weight) if need_w else None
+        with torch.autocast(h.device.type, enabled=False):
+            hc, wc = h.to(dt), weight.to(dt)
+            for i in range(0, h.shape[0], rows):
+                j = min(i + rows, h.shape[0])
+                z, keep = _head_block(hc[i:j], wc, nxt[i:j], temperature, top_k, top_p, acc)
+                g = g_lp[i:j, None].to(acc)
+                logp = z.sub_(lse[i:j, None])  # in place: z is log p from here (-inf off the support)
+                if grad_ent:
+                    ge = g_ent[i:j, None].to(acc)
+                    finite = logp if keep is None else logp.masked_fill(~keep, 0.0)
+                    p = logp.exp()
+                    dz = p.mul_(-g - ge * (finite + ent[i:j, None]))
+                else:
+                    dz = logp.exp_().mul_(-g)
+                dz.scatter_add_(-1, nxt[i:j, None], g)
+                if temperature != 1.0:
+                    dz.div_(temperature)
+                dz = dz.to(dt)
+                if need_h:
+                    gh[i:j] = (dz @ wc).to(h.dtype)
+                if need_w:
+                    gw.add_(dz.T @ hc[i:j])
+        return gh, gw, None, None, None, None, None, None, None, None

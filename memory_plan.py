@@ -23,12 +23,13 @@ ROOT = Path(__file__).resolve().parent
 ALLOWANCE = 3 * GiB
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # the output head's blocks (learner.model_logprobs through logprobs.linear_token_logprobs)
-CPU_BLOCK_LOGITS = 2 ** 24       # a laptop's block: 256 MiB of fp32 logits
+CPU_BLOCK_LOGITS = 2 ** 26       # a laptop's block: 256 MiB of fp32 logits
 MAX_BLOCK_LOGITS = 2 ** 27       # ~900 positions of a 152k vocabulary: long kernels; more only costs memory
 MIN_BLOCK_LOGITS = 2 ** 16
-HEAD_BYTES_PER_LOGIT = 24        # a block alive at once: its bf16 logits, fp32 copy, masked copy,
-#                                  exp(z − lse), two fp32 gradients, the support's bool masks
-#                                  (activation_items counts it)
+HEAD_BYTES_PER_LOGIT = 24        # a block alive at once (logprobs._HeadLogprobs): its bf16 logits,
+#                                  their fp32 copy, turned in place into the gradient, the support's
+#                                  bool mask and top-p's sort, exp(z − lse) and the masked copy the
+#                                  entropy's gradient takes, the bf16 gradient (activation_items)
 FREE_SHARE = 16                  # a block takes at most 1/16 of the memory free at the step's start
 
 
@@ -122,7 +123,7 @@ def lora_params(s: Shape, rank: int, targets: list[str]) -> int:
 
 
 def activation_items(s: Shape, tokens: int, c: int, checkpointing: bool, residual: int | None = None,
-                     lora_targets: list[str] | None = None, head_logits: int = 2 ** 24,
+                     lora_targets: list[str] | None = None, head_logits: int = CPU_BLOCK_LOGITS,
                      mask_bytes: int = 0) -> list[tuple[str, int]]:
     """What one forward and backward of `tokens` tokens holds beyond the weights, compute dtype of
     `c` bytes, as (what, bytes); an upper bound, each term at its peak.
@@ -139,7 +140,9 @@ def activation_items(s: Shape, tokens: int, c: int, checkpointing: bool, residua
     each targeted linear's input to the adapter's fp32 and autocast casts it back for the matmul:
     a compute-dtype copy of every targeted input is kept for backward (Σ in_dim), and the fp32
     copy of the widest lives while its linear runs. The output head runs in blocks of head_logits
-    logits (logprobs.head_block_logits), logprobs.HEAD_BYTES_PER_LOGIT bytes each at once;
+    logits (head_block_logits), HEAD_BYTES_PER_LOGIT bytes each at once, and, when it trains (not
+    LoRA), its weight's gradient summed over the blocks in the weight's dtype (`residual` bytes:
+    fp32 master weights, or FSDP2's compute copy) until autograd adds it to the weight's;
     `mask_bytes` is the attention mask's (padded rows: attention_mask_bytes)."""
     r = c if residual is None else residual
     per_layer = c * (2 * s.hidden + 4 * s.intermediate + 2 * s.q_dim + 2 * s.kv_dim) + r * 4 * s.hidden
@@ -157,6 +160,8 @@ def activation_items(s: Shape, tokens: int, c: int, checkpointing: bool, residua
                       (layers * c * sum(lora) + 4 * max(lora)) * tokens))
     items.append(("the final hidden states and their gradient", tokens * s.hidden * (c + 4)))
     items.append((f"the output head's block of {head_logits:,} logits", head_logits * HEAD_BYTES_PER_LOGIT))
+    if lora_targets is None:
+        items.append(("the output head's weight gradient, summed over its blocks", s.vocab * s.hidden * r))
     if mask_bytes:
         items.append(("the attention mask", mask_bytes))
     return items

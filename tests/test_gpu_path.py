@@ -286,7 +286,7 @@ def test_top_k_support_follows_the_engines_rule():
 
 
 def test_chunked_head_logprobs_equal_full_logits_with_gradients():
-    """model_logprobs never builds [B,T,V] logits (checkpointed blocks through the output head);
+    """model_logprobs never builds [B,T,V] logits (blocks through the output head, made again in backward);
     its log-probs, entropies and gradients equal the full-logits computation's."""
     import logprobs
     import learner

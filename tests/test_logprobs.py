@@ -57,7 +57,7 @@ def test_topk_support_equals_the_sorted_support_mask_for_mask(rule):
 
 def test_head_blocks_are_sized_from_the_device_and_change_no_logprob():
     GiB = 2 ** 30
-    assert memory_plan.head_block_logits(0, "cpu") == 2 ** 24
+    assert memory_plan.head_block_logits(0, "cpu") == 2 ** 26
     assert memory_plan.head_block_logits(0, "cuda", free_bytes=100 * GiB) == 2 ** 27  # capped
     assert memory_plan.head_block_logits(0, "cuda", free_bytes=20 * GiB) == 2 ** 25  # 1/16 of free, 24 B each
     assert memory_plan.head_block_logits(0, "cuda", free_bytes=GiB // 4) == 2 ** 19  # a crowded card
@@ -70,14 +70,67 @@ def test_head_blocks_are_sized_from_the_device_and_change_no_logprob():
     ids = torch.randint(0, 100, (2, 33), generator=g)
     outs = []
     for block_logits in (1, 200, 2 ** 24):  # one position a block, several, the whole sequence at once
-        hh = h.clone().requires_grad_()
-        lp, ent = logprobs.linear_token_logprobs(hh, W, ids, 0.7, True, True, top_k=30, top_p=0.9,
+        hh, WW = h.clone().requires_grad_(), W.clone().requires_grad_()
+        lp, ent = logprobs.linear_token_logprobs(hh, WW, ids, 0.7, True, True, top_k=30, top_p=0.9,
                                                  block_logits=block_logits)
         (lp.sum() + ent.sum()).backward()
-        outs.append((lp.detach(), ent.detach(), hh.grad))
+        outs.append((lp.detach(), ent.detach(), hh.grad, WW.grad))
     for got in outs[1:]:  # the head's matmul is blocked differently: equal to fp64 rounding
         for a, b in zip(got, outs[0]):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7}, {"top_p": 0.8},
+                                      {"temperature": 1.3, "top_k": 30, "top_p": 0.9}])
+def test_the_heads_blocks_and_their_backward_equal_autograd_on_the_full_logits(sampling):
+    """linear_token_logprobs' own backward (dlp/dz = onehot − p, dH/dz = −p (log p + H), written
+    over each block's logits made again) gives the log-probs, the entropy and the gradients of the
+    hidden states and of the head's weight that autograd gives through token_logprobs of h @ Wᵀ;
+    with the entropy a metric (no gradient) or a loss term; and a frozen head gets no gradient."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 100, (2, 9), generator=g)
+    weights = (torch.arange(9) - 3.0).double()  # a loss that weighs positions differently, some negatively
+    for entropy_grad in (False, True):
+        h = torch.randn(2, 9, 16, generator=g, dtype=torch.float64, requires_grad=True)
+        W = torch.randn(100, 16, generator=g, dtype=torch.float64, requires_grad=True)
+        got = logprobs.linear_token_logprobs(h, W, ids, with_entropy=True, entropy_grad=entropy_grad,
+                                             block_logits=300, **sampling)  # 3 positions a block
+        want = logprobs.token_logprobs(h @ W.T, ids, with_entropy=True, entropy_grad=entropy_grad, **sampling)
+        grads = []
+        for lp, ent in (got, want):
+            assert ent.requires_grad == entropy_grad
+            loss = (lp * weights).sum() + (ent.sum() if entropy_grad else 0)
+            grads.append(torch.autograd.grad(loss, (h, W)))
+        for a, b in zip([*got, *grads[0]], [*want, *grads[1]]):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    if not sampling.get("top_k") and not sampling.get("top_p"):  # no support edge to step over
+        assert torch.autograd.gradcheck(lambda hh, WW: logprobs.linear_token_logprobs(
+            hh, WW, ids, with_entropy=True, entropy_grad=True, block_logits=300, **sampling), (h, W))
+    frozen = W.detach()
+    lp, _ = logprobs.linear_token_logprobs(h, frozen, ids, block_logits=300, **sampling)
+    lp.sum().backward()
+    assert frozen.grad is None and h.grad is not None
+
+
+def test_the_head_under_bf16_autocast_computes_in_bf16_as_its_linear_would():
+    """Under autocast the head's matmuls run in bf16, fp32 weights or not, as F.linear's would: the
+    log-probs and gradients equal autograd's through the autocast F.linear to bf16 rounding, and the
+    weight's gradient comes back in the weight's fp32."""
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(2, 40, 64, generator=g, requires_grad=True)
+    W = (torch.randn(3000, 64, generator=g) / 8).requires_grad_()
+    ids = torch.randint(0, 3000, (2, 40), generator=g)
+    outs = []
+    for fused in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if fused:
+                lp, _ = logprobs.linear_token_logprobs(h, W, ids, block_logits=3000 * 7)
+            else:
+                lp, _ = logprobs.token_logprobs(torch.nn.functional.linear(h, W), ids)
+        outs.append((lp, *torch.autograd.grad(lp.sum(), (h, W))))
+    for a, b in zip(*outs):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02 * float(b.detach().abs().max()))
 
 
 def test_entropy_from_the_log_softmax_is_the_distributions():
