@@ -174,6 +174,7 @@ def test_the_gemma3_config_is_the_smollm2_recipe_on_the_folder_get_gemma3_makes(
     smol.model.path, smol.model.fetch = cfg.model.path, cfg.model.fetch
     smol.run_name, smol.out_dir = cfg.run_name, cfg.out_dir
     smol.sft.val_every = cfg.sft.val_every  # how often SFT is scored: no step of training changes
+    smol.train.micro_batch_tokens = cfg.train.micro_batch_tokens  # how rows are grouped: the same loss
     assert cfg == smol
 
 
