@@ -308,14 +308,18 @@ def make_optimizer(model, lr: float, weight_decay: float, betas, warmup: int, to
 # log-probs
 
 
-def model_logprobs(model, input_ids, attention_mask=None, lengths=None, forward_kw=None, **kw):
+def model_logprobs(model, input_ids, attention_mask=None, lengths=None, forward_kw=None, positions=None,
+                   **kw):
     """(lp, entropy) [B,T] of input_ids under `model`: the last hidden states go through the output
     head in blocks (logprobs.linear_token_logprobs, kw = its temperature/top_k/top_p/entropy/
-    block arguments), so the [B,T,V] logits are never held. The head is swapped for the duration of
-    the call, inside the model's forward, so DDP, FSDP2 and autocast see an ordinary forward. With
-    the rows' `lengths` (host ints) the rows are packed into one sequence (packed_logprobs)."""
+    block arguments; blocks sized for the device, head_block, when kw has none), so the [B,T,V]
+    logits are never held; only at `positions` (bool [B,T]) when given (0 at the others). The head
+    is swapped for the duration of the call, inside the model's forward, so DDP, FSDP2 and
+    autocast see an ordinary forward. With the rows' `lengths` (host ints) the rows are packed
+    into one sequence (packed_logprobs)."""
     if lengths is not None:
-        return packed_logprobs(model, input_ids, lengths, **kw)
+        return packed_logprobs(model, input_ids, lengths, positions=positions, **kw)
+    kw.setdefault("block_logits", head_block(input_ids.device, 0))
     head = distributed.unwrap(model).get_output_embeddings()
     out = {}
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **(forward_kw or {}))
@@ -323,7 +327,8 @@ def model_logprobs(model, input_ids, attention_mask=None, lengths=None, forward_
         return logprobs.token_logprobs(model(**fwd).logits, input_ids, **kw)
 
     def forward(hidden):
-        lp, out["entropy"] = logprobs.linear_token_logprobs(hidden, head.weight, input_ids, **kw)
+        lp, out["entropy"] = logprobs.linear_token_logprobs(hidden, head.weight, input_ids,
+                                                            positions=positions, **kw)
         return lp
     head.forward = forward
     try:
@@ -331,6 +336,12 @@ def model_logprobs(model, input_ids, attention_mask=None, lengths=None, forward_
     finally:
         del head.forward  # the class's own forward again
     return lp, out["entropy"]
+
+
+def trained_positions(batch):
+    """bool [B,T]: the tokens a loss reads, the policy's sampled ones and the expert-prefilled ones
+    (algo.Batch's loss_mask and imitation_mask); the log-probs of the others are never computed."""
+    return (batch.loss_mask > 0) | (batch.imitation_mask > 0)
 
 
 def packed_attention(device: str) -> str | None:
@@ -350,7 +361,7 @@ def packed_attention(device: str) -> str | None:
     return "flash_attention_2"
 
 
-def packed_logprobs(model, input_ids, lengths: list[int], **kw):
+def packed_logprobs(model, input_ids, lengths: list[int], positions=None, **kw):
     """model_logprobs of the rows of input_ids [B,T] (right-padded; row b's tokens are its first
     lengths[b]) forwarded as one sequence of sum(lengths) tokens, its position ids restarting at
     each row, so attention runs over no padding: under flash-attention with the rows' cumulative
@@ -366,7 +377,8 @@ def packed_logprobs(model, input_ids, lengths: list[int], **kw):
         sizes = torch.cat([torch.full((1,), n, dtype=torch.int32, device=dev) for n in [0] + list(lengths)])
         cu = sizes.cumsum(0, dtype=torch.int32)
         fkw.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
-    lp, ent = model_logprobs(model, flat, None, forward_kw=fkw, **kw)
+    at = None if positions is None else torch.cat([positions[b, :n] for b, n in enumerate(lengths)])[None]
+    lp, ent = model_logprobs(model, flat, None, forward_kw=fkw, positions=at, **kw)
 
     def unpack(x):
         rows = torch.nn.utils.rnn.pad_sequence(list(x[0].split(list(lengths))), batch_first=True)
@@ -378,8 +390,9 @@ def packed_logprobs(model, input_ids, lengths: list[int], **kw):
 def policy_logprobs(model, batch, budget: int, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
                     rows=None, block_logits: int = 0, pack: bool = False):
     """log π_θ(token) [B,T] under the current weights, no grad, in token-budget micro-batches, of
-    `rows` (default all; the others are 0); read back once, after the last micro-batch. `pack`:
-    each micro-batch's rows as one sequence (packed_logprobs)."""
+    `rows` (default all; the others are 0) at their trained positions (0 elsewhere); read back
+    once, after the last micro-batch. `pack`: each micro-batch's rows as one sequence
+    (packed_logprobs)."""
     dev = next(model.parameters()).device
     T = batch.input_ids.shape[1]
     rows = range(len(batch)) if rows is None else rows
@@ -392,7 +405,8 @@ def policy_logprobs(model, batch, budget: int, temperature: float = 1.0, top_k: 
         for i, (mb, _) in enumerate(device_micro_batches(batch, groups, lengths, dev)):
             rows_len = [lengths[r] for r in groups[i]] if pack else None
             lp, _ = model_logprobs(model, mb.input_ids, mb.attention_mask, rows_len, temperature=temperature,
-                                   top_k=top_k, top_p=top_p, block_logits=block)
+                                   top_k=top_k, top_p=top_p, block_logits=block,
+                                   positions=trained_positions(mb))
             lps += [lp.float()] if i < n_real else []
         for g, lp in zip(groups, lps):
             out[g] = _pad_to(lp.cpu(), T)
@@ -479,7 +493,8 @@ def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budg
     """One AdamW step on `rows` of `batch`: forward/backward each micro-batch, rescale, clip, step.
 
     micro_loss(lp, ent, mb, ex, rows) -> (summed loss, trained-token mask [b,t], metrics | None) for a
-    micro-batch `mb` of global `rows`, with `extra` [B,T] or [B] tensors sliced to it in `ex`.
+    micro-batch `mb` of global `rows`, its lp and ent computed at trained_positions(mb) alone (0 at
+    the others), with `extra` [B,T] or [B] tensors sliced to it in `ex`.
     denominator(mask [B,T]) -> float: the whole batch's. Its mask is `full_mask` (the trained-token
     mask of rows that count without being forwarded; zeros when None) with each forwarded
     micro-batch's mask written into its rows. `logprobs_out` [B,T], when given, receives each
@@ -505,7 +520,8 @@ def optimizer_step(model, opt, sched, batch, rows, micro_loss, denominator, budg
             rows_len = [lengths[r] for r in g] if pack else None
             lp, ent = model_logprobs(model, mb.input_ids, mb.attention_mask, rows_len,
                                      temperature=temperature, top_k=top_k, top_p=top_p,
-                                     with_entropy=with_entropy, entropy_grad=entropy_grad, block_logits=block)
+                                     with_entropy=with_entropy, entropy_grad=entropy_grad, block_logits=block,
+                                     positions=trained_positions(mb))
             loss, m, mm = micro_loss(lp, ent, mb, ex, g)
             (loss * 0 if pad else loss).backward()
         if pad:

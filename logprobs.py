@@ -13,8 +13,6 @@ Everything here takes tensors and returns tensors; learner.py runs the model.
 """
 import torch
 
-from memory_plan import CPU_BLOCK_LOGITS  # the head's block on a CPU: memory_plan.head_block_logits
-
 
 def topk_rule(device_type: str) -> str:
     """The rule vLLM 0.32's sampler keeps its top-k / top-p support by, on the device the engine
@@ -117,7 +115,7 @@ def _block_positions(B, V, block_logits, block_size):
 
 
 def token_logprobs(logits, input_ids, temperature=1.0, with_entropy=False, entropy_grad=False,
-                   block_size=None, top_k=-1, top_p=1.0, block_logits=CPU_BLOCK_LOGITS):
+                   block_size=None, top_k=-1, top_p=1.0, block_logits=2 ** 24):
     """lp[b,t] = log softmax(logits[b,t-1]/τ)[input_ids[b,t]] (position 0 → 0), and optionally
     the entropy of that same distribution; computed block by block over time with logsumexp so
     no full [B,T,V] log_softmax copy is made (block_size positions, else ~block_logits logits a
@@ -143,13 +141,15 @@ def token_logprobs(logits, input_ids, temperature=1.0, with_entropy=False, entro
 
 
 def linear_token_logprobs(hidden, weight, input_ids, temperature=1.0, with_entropy=False, entropy_grad=False,
-                          top_k=-1, top_p=1.0, block_logits=CPU_BLOCK_LOGITS):
+                          top_k=-1, top_p=1.0, *, block_logits: int, positions=None):
     """token_logprobs of logits = hidden @ weight.T (the output head), without ever holding them:
     the positions go through the head in blocks of ~block_logits logits, each block reduced to
     its rows' lp and entropy and dropped, and made again in backward (_HeadLogprobs), so memory is
-    ~block_logits logits instead of B × T × V (bench/bench_logprobs.py; memory_plan.
-    head_block_logits sizes the blocks from the device). Under autocast the head computes in
-    autocast's dtype, as F.linear would."""
+    ~block_logits logits instead of B × T × V (bench/bench_logprobs.py; learner.model_logprobs
+    takes memory_plan.head_block_logits' size for the device). Under autocast the head computes in
+    autocast's dtype, as F.linear would. `positions` (bool [B,T]): only those go through the head,
+    lp and entropy are 0 at the others (the loss reads the tokens it trains and no other; the
+    prompt and tool output are most of an episode)."""
     B, T, H = hidden.shape
     V = weight.shape[0]
     rows = max(1, block_logits // max(V, 1))
@@ -157,15 +157,20 @@ def linear_token_logprobs(hidden, weight, input_ids, temperature=1.0, with_entro
     dt = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
           else torch.promote_types(hidden.dtype, weight.dtype))
     grad_ent = bool(with_entropy and entropy_grad and torch.is_grad_enabled())
-    lp, ent = _HeadLogprobs.apply(hidden[:, :-1].reshape(-1, H), weight, input_ids[:, 1:].reshape(-1),
-                                  dt, float(temperature), int(top_k), float(top_p), rows, bool(with_entropy),
-                                  grad_ent)
-    zero = lp.new_zeros(B, 1)
-    lp = torch.cat([zero, lp.view(B, T - 1)], dim=1)
+    h, nxt = hidden[:, :-1].reshape(-1, H), input_ids[:, 1:].reshape(-1)
+    at = None if positions is None else positions[:, 1:].reshape(-1).nonzero()[:, 0]
+    if at is not None:
+        h, nxt = h[at], nxt[at]
+    lp, ent = _HeadLogprobs.apply(h, weight, nxt, dt, float(temperature), int(top_k), float(top_p), rows,
+                                  bool(with_entropy), grad_ent)
+
+    def full(x):  # [B,T], 0 at position 0 (no token before it) and at the positions left out
+        if at is not None:
+            x = x.new_zeros(B * (T - 1)).index_put((at,), x)
+        return torch.cat([x.new_zeros(B, 1), x.view(B, T - 1)], dim=1)
     if not with_entropy:
-        return lp, None
-    ent = torch.cat([zero, ent.view(B, T - 1)], dim=1)
-    return lp, (ent if grad_ent else ent.detach())
+        return full(lp), None
+    return full(lp), (full(ent) if grad_ent else full(ent).detach())
 
 
 def _head_block(h, w, nxt, temperature, top_k, top_p, acc):

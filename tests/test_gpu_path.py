@@ -299,7 +299,8 @@ def test_chunked_head_logprobs_equal_full_logits_with_gradients():
     grads = []
     for chunked in (False, True):
         model.zero_grad()
-        kw = dict(temperature=0.8, top_k=50, top_p=0.9, with_entropy=True, entropy_grad=True, block_size=7)
+        kw = dict(temperature=0.8, top_k=50, top_p=0.9, with_entropy=True, entropy_grad=True,
+                  block_logits=300 * 7)  # several blocks: 7 positions a block through the head
         if chunked:
             lp, ent = learner.model_logprobs(model, ids, **kw)
         else:

@@ -112,6 +112,28 @@ def test_the_heads_blocks_and_their_backward_equal_autograd_on_the_full_logits(s
     assert frozen.grad is None and h.grad is not None
 
 
+def test_positions_left_out_of_the_head_are_0_and_change_nothing_at_the_others():
+    """With `positions`, only those go through the head: their log-probs, entropies and the
+    gradients of a loss over them equal the whole sequence's, and the others are 0."""
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(3, 12, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(80, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 80, (3, 12), generator=g)
+    at = torch.rand(3, 12, generator=g) > 0.6
+    at[2] = False  # a row with no position at all
+    read = at.clone()
+    read[:, 0] = False  # position 0 has no token before it: 0 either way
+    outs = []
+    for positions in (at, None):
+        lp, ent = logprobs.linear_token_logprobs(h, W, ids, 0.8, True, True, top_k=40, block_logits=160,
+                                                 positions=positions)
+        outs.append((lp, ent, *torch.autograd.grad(((lp + ent) * read).sum(), (h, W))))
+    (lp, ent, gh, gw), want = outs
+    for a, b in zip((lp[read], ent[read], gh, gw), (want[0][read], want[1][read], *want[2:])):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert (lp[~read] == 0).all() and (ent[~read] == 0).all() and read.sum() > 5
+
+
 def test_the_head_under_bf16_autocast_computes_in_bf16_as_its_linear_would():
     """Under autocast the head's matmuls run in bf16, fp32 weights or not, as F.linear's would: the
     log-probs and gradients equal autograd's through the autocast F.linear to bf16 rounding, and the

@@ -201,8 +201,9 @@ def test_rows_with_zero_gradient_are_skipped_and_the_update_is_unchanged(tiny_mo
 
 
 def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir):
-    """updates_per_step > 1: policy_logprobs (in micro-batches) equals a one-piece forward, the
-    first update sees ratio 1 and the second one ratios away from 1 (not π_θ against itself)."""
+    """updates_per_step > 1: policy_logprobs (in micro-batches) equals a one-piece forward at the
+    trained tokens (and is 0 at the others), the first update sees ratio 1 and the second one
+    ratios away from 1 (not π_θ against itself)."""
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml",
                             ["algo.loss=ppo", "algo.baseline=grpo", "algo.mismatch=none",
                              f"model.path={tiny_model_dir}", "train.micro_batch_tokens=45"])
@@ -214,8 +215,9 @@ def test_second_update_on_a_batch_measures_ratios_against_pi_old(tiny_model_dir)
         whole, _ = logprobs.token_logprobs(model(input_ids=batch.input_ids,
                                                  attention_mask=batch.attention_mask,
                                                  use_cache=False).logits, batch.input_ids)
-    m = batch.attention_mask.bool()
+    m = learner.trained_positions(batch)  # the tokens a loss reads: the others are never computed
     torch.testing.assert_close(pieces[m], whole[m], rtol=1e-4, atol=1e-5)
+    assert (pieces[~m] == 0).all() and m.sum() > 10
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     adv = algo.compute_advantages(batch, acfg)
@@ -361,7 +363,7 @@ def test_kl_term_is_k3_to_model_path_weights(tiny_model_dir, lora):
             return logprobs.token_logprobs(m(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                              use_cache=False).logits, batch.input_ids)[0]
     want_ref, lp = lp_of(AutoModelForCausalLM.from_pretrained(tiny_model_dir)), lp_of(model)
-    mask = batch.attention_mask.bool()
+    mask = learner.trained_positions(batch)
     torch.testing.assert_close(batch.ref_logprobs[mask], want_ref[mask], rtol=1e-5, atol=1e-5)
     tok = batch.loss_mask.bool()
     d = (want_ref - lp)[tok].double()
