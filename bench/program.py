@@ -71,12 +71,14 @@ SEEDS = ["0", "1", "2"]
 
 
 # Each model's rows: run names start with its prefix. (the config of its SFT runs, its SFT budgets,
-# its keys on top of the IPA config: the second real model's are configs/gemma3-multistep.yaml's)
+# its keys on top of the IPA config: the second real model's are where configs/gemma3-multistep.yaml
+# differs from SmolLM2's configs/smollm2-multistep.yaml, so its RL rows branch from its curve's
+# runs as they were trained: tests/test_compare_algos.py::test_the_programs_gemma_rows_are_...)
 MODELS = {
     "smollm2-multistep": (MULTISTEP, SFT_CURVE, []),
     "gemma3-multistep": ("configs/gemma3-multistep.yaml", [60, 150],
                          ["model.path=out/gemma3-270m", "model.fetch=python scripts/get_gemma3.py",
-                          "run_name=gemma3-multistep"]),
+                          "sft.val_every=20", "train.micro_batch_tokens=4096", "run_name=gemma3-multistep"]),
 }
 
 

@@ -280,18 +280,22 @@ def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(
 def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_changed():
     """Gemma's SFT runs (configs/gemma3-multistep.yaml) and its headline jobs (the IPA config with
     Gemma's keys on top: seed 0, then all three) resolve to the same settings as each other's SFT,
-    and to SmolLM2's but for the model."""
+    and to SmolLM2's but where Gemma's config differs from SmolLM2's: the model, and the keys that
+    change no step of training (tests/test_gemma3.py names them)."""
     import program
     gemma_jobs = [a for a in program_comparisons() if a.out == "runs/compare-gemma3-multistep-headline"]
     assert [args.seeds for args in gemma_jobs] == [[0], [int(s) for s in program.SEEDS]]
     kind, path, sets = program.sft_job(60, 0, "gemma3-multistep")
     curve = resolved(config.load_config(ROOT / path, sets))
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
+    smollm2_sft = resolved(config.load_config(ROOT / program.MULTISTEP, sets))
+    model_keys = sorted(k for k in curve if curve[k] != smollm2_sft.get(k))  # the same run_name in `sets`
+    assert model_keys == ["model.fetch", "model.path", "sft.val_every", "train.micro_batch_tokens"]
     for args in gemma_jobs:
         names, variants, _ = compare_algos.pick_variants(args)
         gemma = resolved(config.load_config(ipa, args.set + variants["ipa"]))
         smollm2 = resolved(config.load_config(ipa, variants["ipa"]))
-        assert sorted(k for k in gemma if gemma[k] != smollm2.get(k)) == ["model.fetch", "model.path"]
+        assert sorted(k for k in gemma if gemma[k] != smollm2.get(k)) == model_keys
         sft = {k: v for k, v in gemma.items() if k.startswith(("sft.", "model.", "data."))}
         assert sft == {k: v for k, v in curve.items() if k in sft}
 
