@@ -281,7 +281,8 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
     """Gemma's SFT runs (configs/gemma3-multistep.yaml) and its headline jobs (the IPA config with
     Gemma's keys on top: seed 0, then all three) resolve to the same settings as each other's SFT,
     and to SmolLM2's but where Gemma's config differs from SmolLM2's: the model, and the keys that
-    change no step of training (tests/test_gemma3.py names them)."""
+    change no step of training (tests/test_gemma3.py names them). Its rl-split job is its headline
+    IPA on the other split."""
     import program
     gemma_jobs = [a for a in program_comparisons() if a.out == "runs/compare-gemma3-multistep-headline"]
     assert [args.seeds for args in gemma_jobs] == [[0], [int(s) for s in program.SEEDS]]
@@ -298,6 +299,12 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
         assert sorted(k for k in gemma if gemma[k] != smollm2.get(k)) == model_keys
         sft = {k: v for k, v in gemma.items() if k.startswith(("sft.", "model.", "data."))}
         assert sft == {k: v for k, v in curve.items() if k in sft}
+    # IPA on the rl split: Gemma's headline IPA with the split alone changed, its control on that split
+    (rl,) = [a for a in program_comparisons() if a.out == "runs/compare-gemma3-multistep-rlsplit"]
+    assert rl.seeds == [0] and rl.sft_more_split == "rl"
+    names, variants, _ = compare_algos.pick_variants(rl)
+    split = resolved(config.load_config(ipa, rl.set + variants["ipa-rl-split"]))
+    assert {k for k in split if split[k] != gemma.get(k)} == {"train.generated_split"}
 
 
 def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch):
