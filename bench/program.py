@@ -21,10 +21,11 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    eval, its step-0 eval). The plateau budget is the curve's best held-out success (fewer steps on
    a tie) among the curve runs finished; while none has, the config's 60.
 3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
-   (MODELS): whether SFT leaves it failures on the train tasks, where RL's reward comes from, and
-   whether RL adds where SmolLM2's seed-0 rows in docs/results.md show it does not; then its
-   published IPA from its plateau with its control, seed 0 (runs/compare-gemma3-multistep-headline),
-   and IPA on the rl split against SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit).
+   (MODELS: 60, 150 and 250 steps): whether SFT leaves it failures on the train tasks, where RL's
+   reward comes from, and whether RL adds where SmolLM2's seed-0 rows in docs/results.md show it
+   does not; then its published IPA from its plateau with its control, seed 0
+   (runs/compare-gemma3-multistep-headline), and IPA on the rl split against SFT on that split's
+   oracles (runs/compare-gemma3-multistep-rlsplit).
 4. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
    CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-recipes): IPA as
    the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
@@ -75,9 +76,11 @@ SEEDS = ["0", "1", "2"]
 # its keys on top of the IPA config: the second real model's are where configs/gemma3-multistep.yaml
 # differs from SmolLM2's configs/smollm2-multistep.yaml, so its RL rows branch from its curve's
 # runs as they were trained: tests/test_compare_algos.py::test_the_programs_gemma_rows_are_...)
+# Gemma's curve goes as far as SmolLM2's: 60 -> 150 steps still added 14 points (docs/results.md
+# "Gemma 3 270M"), and its RL rows must start from the best SFT-only policy.
 MODELS = {
     "smollm2-multistep": (MULTISTEP, SFT_CURVE, []),
-    "gemma3-multistep": ("configs/gemma3-multistep.yaml", [60, 150],
+    "gemma3-multistep": ("configs/gemma3-multistep.yaml", [60, 150, 250],
                          ["model.path=out/gemma3-270m", "model.fetch=python scripts/get_gemma3.py",
                           "sft.val_every=20", "train.micro_batch_tokens=4096", "run_name=gemma3-multistep"]),
 }
