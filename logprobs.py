@@ -82,7 +82,6 @@ def _exact_top_p_of_k(x, keep, k, top_p):
     return torch.zeros_like(keep).scatter(-1, ids.gather(-1, order), _top_p_prefix(vals, top_p))
 
 
-
 def _block_logprobs(x, nxt, temperature, top_k, top_p, with_entropy, entropy_grad):
     """(lp, entropy) of one time block of logits x [B,t,V] for next tokens nxt [B,t]: fp32 math on
     the block, at temperature τ, over the engine's sampling support (sampling_support).
