@@ -324,7 +324,10 @@ def model_logprobs(model, input_ids, attention_mask=None, lengths=None, forward_
     out = {}
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **(forward_kw or {}))
     if type(head) is not torch.nn.Linear or head.bias is not None:  # e.g. a LoRA-wrapped head: its own logits
-        return logprobs.token_logprobs(model(**fwd).logits, input_ids, **kw)
+        lp, ent = logprobs.token_logprobs(model(**fwd).logits, input_ids, **kw)
+        if positions is None:
+            return lp, ent
+        return lp.where(positions, 0.0), (None if ent is None else ent.where(positions, 0.0))
 
     def forward(hidden):
         lp, out["entropy"] = logprobs.linear_token_logprobs(hidden, head.weight, input_ids,

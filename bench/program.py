@@ -76,8 +76,8 @@ SEEDS = ["0", "1", "2"]
 # its keys on top of the IPA config: the second real model's are where configs/gemma3-multistep.yaml
 # differs from SmolLM2's configs/smollm2-multistep.yaml, so its RL rows branch from its curve's
 # runs as they were trained: tests/test_compare_algos.py::test_the_programs_gemma_rows_are_...)
-# Gemma's curve goes as far as SmolLM2's: 60 -> 150 steps still added 14 points (docs/results.md
-# "Gemma 3 270M"), and its RL rows must start from the best SFT-only policy.
+# Gemma's curve goes as far as SmolLM2's, to where held-out success stops rising (docs/results.md
+# "Gemma 3 270M"): its RL rows must start from the best SFT-only policy.
 MODELS = {
     "smollm2-multistep": (MULTISTEP, SFT_CURVE, []),
     "gemma3-multistep": ("configs/gemma3-multistep.yaml", [60, 150, 250],
@@ -251,9 +251,9 @@ JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     sft_job(n, 0, GEMMA) for n in MODELS[GEMMA][1]] + [
     # the published IPA on Gemma from its own plateau: seed 0 first, whether it adds where SmolLM2 did not
     ("compare", lambda: compare("headline", ["0"], ["ipa"], prefix=GEMMA), []),
-    # and on the rl split, whose file names Gemma's SFT never showed it: its SFT-60 writes a train
-    # name in every held-out episode that picks a file from a listing (docs/results.md "Gemma 3
-    # 270M"), so only there do its own episodes fail where held-out fails; against SFT on those tasks
+    # and on the rl split, whose file names its SFT never showed it, as held-out's: there its own
+    # episodes can fail as held-out ones do, by a memorised name in place of a listed one
+    # (docs/results.md "Gemma 3 270M"); against SFT on those tasks' oracles
     ("compare", lambda: same_tasks_control(["0"], prefix=GEMMA), []),
     ("compare", lambda: recipes(["0"], TRAIN_SPLIT_RECIPES), []),
     ("compare", lambda: headline(SEEDS), []),

@@ -269,14 +269,15 @@ def memory(ctx: Ctx) -> tuple[bool, str]:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     ids = torch.randint(0, shape.vocab, (1, tokens), device=dev)
+    block = learner.head_block(torch.device(dev), cfg.train.head_block_logits)  # the step's and the plan's
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = torch.cuda.memory_allocated()
-    lp, _ = learner.model_logprobs(model, ids)
+    lp, _ = learner.model_logprobs(model, ids, block_logits=block)
     lp.sum().backward()
     # less the gradients
     peak = torch.cuda.max_memory_allocated() - start - sum(p.numel() * 2 for p in model.parameters())
-    want = memory_plan.activation_bytes(shape, tokens, 2, True)
+    want = memory_plan.activation_bytes(shape, tokens, 2, True, head_logits=block)
     del lp, model
     reserved = torch.cuda.memory_reserved()
     learner.release_cached_memory("cuda")

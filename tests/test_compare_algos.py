@@ -284,7 +284,8 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
     change no step of training (tests/test_gemma3.py names them). Its rl-split job is its headline
     IPA on the other split."""
     import program
-    gemma_jobs = [a for a in program_comparisons() if a.out == "runs/compare-gemma3-multistep-headline"]
+    jobs = program_comparisons()
+    gemma_jobs = [a for a in jobs if a.out == "runs/compare-gemma3-multistep-headline"]
     assert [args.seeds for args in gemma_jobs] == [[0], [int(s) for s in program.SEEDS]]
     kind, path, sets = program.sft_job(60, 0, "gemma3-multistep")
     curve = resolved(config.load_config(ROOT / path, sets))
@@ -300,7 +301,7 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
         sft = {k: v for k, v in gemma.items() if k.startswith(("sft.", "model.", "data."))}
         assert sft == {k: v for k, v in curve.items() if k in sft}
     # IPA on the rl split: Gemma's headline IPA with the split alone changed, its control on that split
-    (rl,) = [a for a in program_comparisons() if a.out == "runs/compare-gemma3-multistep-rlsplit"]
+    (rl,) = [a for a in jobs if a.out == "runs/compare-gemma3-multistep-rlsplit"]
     assert rl.seeds == [0] and rl.sft_more_split == "rl"
     names, variants, _ = compare_algos.pick_variants(rl)
     split = resolved(config.load_config(ipa, rl.set + variants["ipa-rl-split"]))

@@ -312,6 +312,34 @@ def test_chunked_head_logprobs_equal_full_logits_with_gradients():
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1))
 
 
+def test_a_head_of_its_own_kind_leaves_out_the_same_positions():
+    """A head model_logprobs cannot take apart (not a plain Linear: a LoRA-wrapped one) makes its
+    own logits; with `positions` its log-probs and entropies are still 0 off them, as the plain
+    head's blocks leave them, and equal there."""
+    import learner
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    class OwnHead(torch.nn.Linear):
+        pass
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(cfg).float()
+    ids = torch.randint(0, 300, (2, 20))
+    at = torch.rand(2, 20) > 0.5
+    at[:, 0] = False
+    kw = dict(positions=at, with_entropy=True, block_logits=300 * 7)
+    with torch.no_grad():
+        plain = learner.model_logprobs(model, ids, **kw)
+        own = OwnHead(32, 300, bias=False)
+        own.weight = model.lm_head.weight
+        model.lm_head = own
+        fallback = learner.model_logprobs(model, ids, **kw)
+    for a, b in zip(plain, fallback):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert (b[~at] == 0).all() and (b[at] != 0).any()
+
+
 # --- async mode: one engine shared by episodes, scoring and weight updates --------------------
 
 def _in_flight(policy, prompt, sampling):
