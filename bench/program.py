@@ -23,9 +23,9 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
 3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
    (MODELS: 60, 150 and 250 steps): whether SFT leaves it failures on the train tasks, where RL's
    reward comes from, and whether RL adds where SmolLM2's seed-0 rows in docs/results.md show it
-   does not; then its published IPA from its plateau with its control, seed 0
-   (runs/compare-gemma3-multistep-headline), and IPA on the rl split against SFT on that split's
-   oracles (runs/compare-gemma3-multistep-rlsplit).
+   does not; then, seed 0, its published IPA from its plateau on the rl split against SFT on that
+   split's oracles (runs/compare-gemma3-multistep-rlsplit), and on the train split with its
+   control (runs/compare-gemma3-multistep-headline).
 4. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
    CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-recipes): IPA as
    the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
@@ -249,12 +249,13 @@ def demo_control() -> list:
 GEMMA = "gemma3-multistep"
 JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     sft_job(n, 0, GEMMA) for n in MODELS[GEMMA][1]] + [
-    # the published IPA on Gemma from its own plateau: seed 0 first, whether it adds where SmolLM2 did not
-    ("compare", lambda: compare("headline", ["0"], ["ipa"], prefix=GEMMA), []),
-    # and on the rl split, whose file names its SFT never showed it, as held-out's: there its own
+    # the published IPA on Gemma from its own plateau, seed 0, whether it adds where SmolLM2 did not:
+    # first on the rl split, whose file names its SFT never showed it, as held-out's: there its own
     # episodes can fail as held-out ones do, by a memorised name in place of a listed one
-    # (docs/results.md "Gemma 3 270M"); against SFT on those tasks' oracles
+    # (docs/results.md "Gemma 3 270M"), where the train tasks' memorised names pass; against SFT
+    # on those tasks' oracles
     ("compare", lambda: same_tasks_control(["0"], prefix=GEMMA), []),
+    ("compare", lambda: compare("headline", ["0"], ["ipa"], prefix=GEMMA), []),
     ("compare", lambda: recipes(["0"], TRAIN_SPLIT_RECIPES), []),
     ("compare", lambda: headline(SEEDS), []),
     ("compare", lambda: onekey(["0"]), []),
