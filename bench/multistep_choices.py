@@ -1,6 +1,7 @@
 """What the policy picks on the multi-step kinds where the answer is a choice among what an earlier
-command printed: `longest` (`wc -l /app/logs/*`, then the file with the most lines) and `crlf`
-(`file /app/scripts/*`, then the script it marks "with CRLF line terminators"). For each run, its
+command printed: `longest` (`wc -l /app/logs/*`, then the file with the most lines), `crlf`
+(`file /app/scripts/*`, then the script it marks "with CRLF line terminators") and `chmod` (`ls -l
+/app/bin`, then the program without the execute bit). For each run, its
 last held-out eval's episodes of those kinds, by what the policy wrote or repaired:
 
     right         the file the listing singles out
@@ -27,9 +28,12 @@ from compare_algos import final_eval  # noqa: E402
 CLASSES = ["right", "first listed", "other listed", "not listed", "no pick"]
 # per kind: the listing's (name, line) pairs, the right name among them, the name a command picks
 LISTED = {"longest": re.compile(r"^\s*(\d+) /app/logs/(\S+)$", re.M),
-          "crlf": re.compile(r"^/app/scripts/(\S+):(.*)$", re.M)}
+          "crlf": re.compile(r"^/app/scripts/(\S+):(.*)$", re.M),
+          "chmod": re.compile(r"^-([rwx-]{9})\S*\s.*\s(\S+)$", re.M)}
+# chmod's operand whole: a name miscopied with a space (`/app/bin/ digest`) picks "bin", not listed
 PICKED = {"longest": re.compile(r"echo\s+['\"]?([\w./-]+?)['\"]?\s*>"),
-          "crlf": re.compile(r"sed\b.*?/app/scripts/([\w.-]+)")}
+          "crlf": re.compile(r"sed\b.*?/app/scripts/([\w.-]+)"),
+          "chmod": re.compile(r"chmod\s+\S+\s+['\"]?([^\s'\"]+)")}
 
 
 def listing(kind: str, text: str) -> tuple[list, str | None]:
@@ -38,6 +42,8 @@ def listing(kind: str, text: str) -> tuple[list, str | None]:
     if kind == "longest":
         rows = [(name, int(n)) for n, name in rows]
         return [n for n, _ in rows], max(rows, key=lambda r: r[1])[0] if rows else None
+    if kind == "chmod":
+        return [n for _, n in rows], next((n for mode, n in rows if "x" not in mode), None)
     return [n for n, _ in rows], next((n for n, rest in rows if "CRLF" in rest), None)
 
 

@@ -144,10 +144,10 @@ def bash_call(cmd: str) -> dict:
 def test_multistep_choices_classes_picks_against_a_real_listing(docker_env):
     """bench/multistep_choices.py reads the listing a real container printed: the oracle's pick is
     "right", the listing's first (when wrong) and another file are told apart, a made-up name is
-    "not listed", and an episode that never listed is "no pick"."""
+    "not listed" (a listed name miscopied too), and an episode that never listed is "no pick"."""
     sys.path.insert(0, str(ROOT / "bench"))
     from multistep_choices import choice, listing
-    for kind in ("longest", "crlf"):
+    for kind in ("longest", "crlf", "chmod"):
         task = G.generate_multistep_tasks(1, seed=11, split="heldout", kinds=[kind])[0]
         inspect, act = oracle_commands(task)[:2]
         with docker_env.reset(task) as term:
@@ -164,6 +164,8 @@ def test_multistep_choices_classes_picks_against_a_real_listing(docker_env):
             cmd = act.replace(picks["right"], stem)
             assert choice(kind, start + [bash_call(cmd)]) == want, (kind, cmd, shown)
         assert choice(kind, start[:1] + [bash_call(act)]) == "no pick"
+    # a listed name miscopied with a space is not the listed file
+    assert choice(kind, start + [bash_call(act.replace("/app/bin/", "/app/bin/ "))]) == "not listed"
 
 
 def test_pick_probe_scores_the_oracles_own_turn_as_the_trainer_does(docker_env, tiny_model_dir):
@@ -184,7 +186,7 @@ def test_pick_probe_scores_the_oracles_own_turn_as_the_trainer_does(docker_env, 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     fmt = chat.ChatFormat(tok, tools=rcfg.tools, template_kwargs=rcfg.chat_template_kwargs)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    for kind in ("longest", "crlf"):
+    for kind in ("longest", "crlf", "chmod"):
         tasks = G.generate_multistep_tasks(2, seed=3, split="heldout", kinds=[kind])
         with ScriptedPolicy(tok, "oracle", template_kwargs=rcfg.chat_template_kwargs, tools=rcfg.tools) as o:
             played = [t for t in rollout.collect(tasks, o, docker_env, rcfg, group_size=1, progress=False)
