@@ -168,6 +168,34 @@ def test_multistep_choices_classes_picks_against_a_real_listing(docker_env):
     assert choice(kind, start + [bash_call(act.replace("/app/bin/", "/app/bin/ "))]) == "not listed"
 
 
+def test_own_episodes_counts_a_runs_real_episodes_by_kind_window_and_pick(docker_env, tiny_tokenizer,
+                                                                         tmp_path, capsys):
+    """bench/own_episodes.py on a trajectories.jsonl that rollout.write_jsonl wrote from episodes
+    played in real containers: the oracle's pass and pick right, a policy that submits at once
+    fails with no pick, each in the window of the RL step its policy version sampled."""
+    import rollout
+    from policy import ScriptedPolicy
+    sys.path.insert(0, str(ROOT / "bench"))
+    import own_episodes
+    tasks = [G.generate_multistep_tasks(1, seed=3, split="rl", kinds=[k])[0] for k in ("chmod", "grep")]
+    rcfg = rollout.RolloutConfig(max_turns=4, num_workers=2)
+    with ScriptedPolicy(tiny_tokenizer, "oracle") as oracle:
+        passed = rollout.collect(tasks, oracle, docker_env, rcfg, group_size=1, progress=False)
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=()) as noop:
+        failed = rollout.collect(tasks, noop, docker_env, rcfg, group_size=1, progress=False)
+    for version, trajs in ((0, passed), (2, failed), (3, passed)):  # RL steps 1, 3 and 4
+        for t in trajs:
+            t.policy_version = version
+        rollout.write_jsonl(trajs, tmp_path / "trajectories.jsonl")
+    own_episodes.main([str(tmp_path), "--window", "2"])
+    table = capsys.readouterr().out
+    assert "| kind | steps 1-2 | steps 3-4 |" in table, table
+    assert "| chmod | 1 of 1 (1 / 0 / 0 / 0 / 0) | 1 of 2 (1 / 0 / 0 / 0 / 1) |" in table, table
+    assert "| grep | 1 of 1 | 1 of 2 |" in table, table
+    with pytest.raises(SystemExit, match="not there"):
+        own_episodes.main([str(tmp_path / "sft-only")])
+
+
 def test_pick_probe_scores_the_oracles_own_turn_as_the_trainer_does(docker_env, tiny_model_dir):
     """bench/pick_probe.py, on oracle trajectories played in real containers: the right candidate
     is the oracle's own deciding turn, token for token; the others differ from it in the file name

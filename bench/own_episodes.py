@@ -1,0 +1,68 @@
+"""How an RL run's own episodes fared over its steps: for each kind of task it drew, the episodes
+that passed of those it sampled, in windows of --window RL steps; and on the kinds where the answer
+is a file picked out of a listing (bench/multistep_choices.py), what the policy picked.
+
+    python bench/own_episodes.py runs/gemma3-multistep-ipa-rl-split-seed0 --window 10
+
+Held-out success says where a policy ended; this says what RL's reward saw on the way there: a
+kind learnt, left alone or lost, and picks that drift to a shortcut (the listing's first file) or
+to names the listing does not have. An episode belongs to RL step policy_version + 1, the weights
+that sampled its first turn (train.mode sync: every turn of step s is sampled by version s - 1).
+"""
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from multistep_choices import CLASSES, LISTED, choice  # noqa: E402
+
+
+def windows(rows: list, width: int) -> dict:
+    """{(first step, last step): {kind: {"passed", "episodes", and per pick class a count}}}, in step
+    order, from trajectories.jsonl rows; an episode that did not run (valid false) is left out."""
+    out = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
+    last = max((r["policy_version"] + 1 for r in rows), default=0)
+    for r in rows:
+        if not r["valid"]:
+            continue
+        step = r["policy_version"] + 1
+        lo = (step - 1) // width * width + 1
+        got = out[(lo, min(lo + width - 1, last))][kind := r["task_name"].rsplit("-", 1)[-1]]
+        got["episodes"] += 1
+        got["passed"] += (r["reward"] or 0.0) > 0
+        if kind in LISTED:
+            got[choice(kind, r["messages"])] += 1
+    return {w: dict(out[w]) for w in sorted(out)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="RL run directories with a trajectories.jsonl")
+    ap.add_argument("--window", type=int, default=10, help="RL steps a column sums over")
+    args = ap.parse_args(argv)
+    if args.window < 1:
+        raise SystemExit(f"--window {args.window}: it must be 1 or more RL steps")
+    for run in args.runs:
+        path = run / "trajectories.jsonl"
+        if not path.exists():
+            raise SystemExit(f"{path}: not there; an RL run writes it (train.steps > 0), "
+                             f"an SFT-only run does not")
+        got = windows([json.loads(line) for line in path.open()], args.window)
+        cols = [f"steps {a}-{b}" for a, b in got]
+        print(f"\n{run.name}: episodes passed of those sampled, by kind; picks as right / first "
+              f"listed / other listed / not listed / no pick\n\n| kind | " + " | ".join(cols)
+              + " |\n|---|" + "---|" * len(cols))
+        for kind in sorted({k for w in got.values() for k in w}):
+            cells = []
+            for w in got.values():
+                c = w.get(kind, collections.Counter())
+                cells.append(f"{c['passed']} of {c['episodes']}" + (
+                    " (" + " / ".join(str(c[k]) for k in CLASSES) + ")" if kind in LISTED else ""))
+            print(f"| {kind} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
