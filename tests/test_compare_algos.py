@@ -308,6 +308,27 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
     assert {k for k in split if split[k] != gemma.get(k)} == {"train.generated_split"}
 
 
+def test_gemmas_seeds_run_its_better_seed_0_recipe_with_that_recipes_control(tmp_path, monkeypatch):
+    """Gemma's rows on seeds 0 1 2 are its published IPA on the train split while that is at least
+    as good on seed 0 (or nothing finished); IPA on the rl split, read against SFT on the rl
+    split's oracles, once that ends above it."""
+    import program
+    monkeypatch.setattr(program, "ROOT", tmp_path)
+    runs, g = tmp_path / "runs", program.GEMMA
+    _finished(runs / f"{g}-sft150-seed0", 0, {0: 0.78})
+    for rl_split, want in [(None, "headline"), (0.80, "headline"), (0.85, "rlsplit")]:
+        if rl_split is not None:
+            shutil.rmtree(runs / f"{g}-ipa-rl-split-seed0", ignore_errors=True)
+            _finished(runs / f"{g}-ipa-rl-split-seed0", program.RL_STEPS, {0: 0.78, 20: rl_split})
+        if rl_split == 0.80:
+            _finished(runs / f"{g}-ipa-seed0", program.RL_STEPS, {0: 0.78, 20: 0.80})
+        args = compare_algos.parse_args(program.gemma_headline(program.SEEDS))
+        assert args.out == f"runs/compare-{g}-{want}" and args.seeds == [0, 1, 2], (rl_split, args)
+        assert compare_algos.pick_variants(args)[0] == (["ipa"] if want == "headline" else ["ipa-rl-split"])
+        assert args.sft_more_split == ("train" if want == "headline" else "rl")
+        assert "sft.steps=150" in args.set  # from Gemma's own plateau
+
+
 def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch):
     """The program's recipes on seeds 1 2 leave out a recipe whose seed-0 run ended 10 points or more
     below its SFT-only start; one that ended near it, and one not finished, stay."""
