@@ -52,14 +52,14 @@ def main(argv=None):
                              f"an SFT-only run does not")
         got = windows([json.loads(line) for line in path.open()], args.window)
         cols = [f"steps {a}-{b}" for a, b in got]
-        print(f"\n{run.name}: episodes passed of those sampled, by kind; picks as right / first "
-              f"listed / other listed / not listed / no pick\n\n| kind | " + " | ".join(cols)
+        print(f"\n{run.name}: episodes passed of those sampled, by kind (-: none drawn); picks as "
+              f"right / first listed / other listed / not listed / no pick\n\n| kind | " + " | ".join(cols)
               + " |\n|---|" + "---|" * len(cols))
         for kind in sorted({k for w in got.values() for k in w}):
             cells = []
             for w in got.values():
-                c = w.get(kind, collections.Counter())
-                cells.append(f"{c['passed']} of {c['episodes']}" + (
+                c = w.get(kind)
+                cells.append("-" if c is None else f"{c['passed']} of {c['episodes']}" + (
                     " (" + " / ".join(str(c[k]) for k in CLASSES) + ")" if kind in LISTED else ""))
             print(f"| {kind} | " + " | ".join(cells) + " |")
 

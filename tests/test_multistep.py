@@ -172,7 +172,8 @@ def test_own_episodes_counts_a_runs_real_episodes_by_kind_window_and_pick(docker
                                                                          tmp_path, capsys):
     """bench/own_episodes.py on a trajectories.jsonl that rollout.write_jsonl wrote from episodes
     played in real containers: the oracle's pass and pick right, a policy that submits at once
-    fails with no pick, each in the window of the RL step its policy version sampled."""
+    fails with no pick, each in the window of the RL step its policy version sampled; a kind not
+    drawn in a window is told from one that failed."""
     import rollout
     from policy import ScriptedPolicy
     sys.path.insert(0, str(ROOT / "bench"))
@@ -183,15 +184,17 @@ def test_own_episodes_counts_a_runs_real_episodes_by_kind_window_and_pick(docker
         passed = rollout.collect(tasks, oracle, docker_env, rcfg, group_size=1, progress=False)
     with ScriptedPolicy(tiny_tokenizer, "fixed", commands=()) as noop:
         failed = rollout.collect(tasks, noop, docker_env, rcfg, group_size=1, progress=False)
-    for version, trajs in ((0, passed), (2, failed), (3, passed)):  # RL steps 1, 3 and 4
+    chmod = [t for t in passed if t.task_name.endswith("chmod")]
+    for version, trajs in ((0, passed), (2, failed), (3, passed), (5, chmod)):  # RL steps 1, 3, 4, 6
         for t in trajs:
             t.policy_version = version
         rollout.write_jsonl(trajs, tmp_path / "trajectories.jsonl")
     own_episodes.main([str(tmp_path), "--window", "2"])
     table = capsys.readouterr().out
-    assert "| kind | steps 1-2 | steps 3-4 |" in table, table
-    assert "| chmod | 1 of 1 (1 / 0 / 0 / 0 / 0) | 1 of 2 (1 / 0 / 0 / 0 / 1) |" in table, table
-    assert "| grep | 1 of 1 | 1 of 2 |" in table, table
+    assert "| kind | steps 1-2 | steps 3-4 | steps 5-6 |" in table, table
+    right = "1 of 1 (1 / 0 / 0 / 0 / 0)"
+    assert f"| chmod | {right} | 1 of 2 (1 / 0 / 0 / 0 / 1) | {right} |" in table, table
+    assert "| grep | 1 of 1 | 1 of 2 | - |" in table, table  # not drawn in steps 5-6
     with pytest.raises(SystemExit, match="not there"):
         own_episodes.main([str(tmp_path / "sft-only")])
 
