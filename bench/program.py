@@ -23,9 +23,9 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
 3. the second real model's SFT curve, Gemma 3 270M (configs/gemma3-multistep.yaml), seed 0
    (MODELS: 60, 150 and 250 steps): whether SFT leaves it failures on the train tasks, where RL's
    reward comes from, and whether RL adds where SmolLM2's seed-0 rows in docs/results.md show it
-   does not; then, seed 0, its published IPA from its plateau on the rl split against SFT on that
-   split's oracles (runs/compare-gemma3-multistep-rlsplit), and on the train split with its
-   control (runs/compare-gemma3-multistep-headline).
+   does not; then, seed 0, from its plateau, its published IPA and IPA from successes alone on the
+   rl split against SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit), and the
+   published IPA on the train split with its control (runs/compare-gemma3-multistep-headline).
 4. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
    CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-recipes): IPA as
    the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
@@ -33,9 +33,10 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
 5. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
    while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline);
    the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
-   (runs/compare-multistep-onekey); the rl split's own control, CONTROL_STEPS SFT steps on its
-   oracles (runs/compare-multistep-rlsplit); then seeds 1 2 of the one-key rows, GRPO at its best
-   seed-0 lr; Gemma's seeds 1 2 of its better seed-0 recipe (the rl split's with its own control).
+   (runs/compare-multistep-onekey); the rl split's recipes against its own control,
+   CONTROL_STEPS SFT steps on its oracles (runs/compare-multistep-rlsplit); then seeds 1 2 of the
+   one-key rows, GRPO at its best seed-0 lr; Gemma's seeds 1 2 of its best seed-0 recipe, with
+   both controls when it draws the rl split.
 6. the recipes on the rl split (tasks SFT never imitated; on its least-solved kinds alone, with a
    group baseline or from successes alone) on seed 0; the rl split's control of the headline when
    its recipe draws that split; seeds 1 2 of the recipes that held (held_recipes); the SFT curve's
@@ -142,6 +143,10 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
     # numbers (two-digit counts, as held-out has), where a policy that solves the train tasks still
     # fails (docs/results.md "RL from the SFT plateau")
     "ipa-rl-split": ["train.generated_split=rl"],
+    # the same from its successes alone (R = 0 on failures): with R = -1 a failure pushes down the
+    # steps it shares with the successes, which on the rl split cost Gemma what it did right
+    # (docs/results.md "Gemma 3 270M")
+    "ipa-rl-split-successes": ["train.generated_split=rl", "algo.negative_reward=0.0"],
     "ipa-rl-kinds": RL_KINDS,
     # with a leave-one-out group baseline: a failure counts against its group's successes, and a
     # group that never succeeds pushes nothing down (without it, failures' R = -1 took the policy
@@ -157,6 +162,7 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
 
 
 TRAIN_SPLIT_RECIPES = [n for n, keys in RECIPES.items() if "train.generated_split=rl" not in keys]
+RL_SPLIT_RECIPES = ["ipa-rl-split", "ipa-rl-split-successes"]  # the whole rl split, read against SFT on it
 
 
 def held_recipes() -> list:
@@ -204,28 +210,23 @@ def recipes(seeds: list, names: list = ()) -> list:
     return compare("recipes", seeds, names, extra)
 
 
-def headline(seeds: list, best: str | None = None) -> list:
-    best = best or best_recipe()
-    return compare("headline", seeds, [best], [] if best == "ipa" else recipe_variant(best))
+def headline(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep") -> list:
+    """The model's best seed-0 recipe on `seeds`, with the continued SFT on the train split."""
+    best = best or best_recipe(prefix)
+    return compare("headline", seeds, [best], [] if best == "ipa" else recipe_variant(best), prefix)
 
 
 def same_tasks_control(seeds: list, out: str = "rlsplit", best: str | None = None,
                        prefix: str = "smollm2-multistep") -> list | None:
-    """The control of RL on the rl split that shows SFT those tasks with their oracles
-    (compare_algos --sft-more-split rl), beside the continued SFT on the train split; None (no job)
-    for a headline recipe that draws the train split."""
-    recipe = "ipa-rl-split" if out == "rlsplit" else best or best_recipe()
-    if "train.generated_split=rl" not in RECIPES[recipe]:
+    """The recipes that draw the rl split (RL_SPLIT_RECIPES; for out "headline-rlsft" the model's
+    best seed-0 recipe) against SFT on that split's oracles (compare_algos --sft-more-split rl),
+    beside the continued SFT on the train split; None (no job) for a best recipe that draws the
+    train split."""
+    names = RL_SPLIT_RECIPES if out == "rlsplit" else [best or best_recipe(prefix)]
+    if any("train.generated_split=rl" not in RECIPES[n] for n in names):
         return None
-    return compare(out, seeds, [recipe], recipe_variant(recipe), prefix) + ["--sft-more-split", "rl"]
-
-
-def gemma_headline(seeds: list) -> list:
-    """Gemma's rows on more seeds: its best seed-0 recipe, the published IPA on the train split
-    with its control, or on the rl split against SFT on that split's oracles."""
-    if best_recipe(GEMMA) == "ipa-rl-split":
-        return same_tasks_control(seeds, prefix=GEMMA)
-    return compare("headline", seeds, ["ipa"], prefix=GEMMA)
+    return (compare(out, seeds, names, [a for n in names for a in recipe_variant(n)], prefix)
+            + ["--sft-more-split", "rl"])
 
 
 def onekey(seeds: list, best: str | None = None) -> list:
@@ -269,7 +270,8 @@ JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     ("compare", lambda: onekey(["0"]), []),
     ("compare", lambda: same_tasks_control(["0"]), []),
     ("compare", lambda: onekey(SEEDS), []),
-    ("compare", lambda: gemma_headline(SEEDS), []),
+    ("compare", lambda: headline(SEEDS, prefix=GEMMA), []),
+    ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft", prefix=GEMMA), []),
     # from here on, seed-0 rows docs/results.md already holds come back: the recipes on the rl split
     ("compare", lambda: recipes(["0"]), []),
     ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft"), []),

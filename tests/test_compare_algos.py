@@ -85,6 +85,8 @@ def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
     used = {n: resolved(config.load_config(ipa, variants[n] + [f"run_name={n}"])) for n in names}
     assert diff_lines(used, "ipa")[1:] == [
         "- **ipa-rl-split**: `train.generated_split` rl (ipa: train)",
+        "- **ipa-rl-split-successes**: `algo.negative_reward` 0.0 (ipa: -1.0); `train.generated_split` rl "
+        "(ipa: train)",
         "- **ipa-rl-kinds**: `train.generated_kinds` ['config', 'crlf', 'longest'] (ipa: []); "
         "`train.generated_split` rl (ipa: train)",
         "- **ipa-rl-kinds-rloo**: `algo.baseline` rloo (ipa: none); `train.generated_kinds` ['config', "
@@ -103,7 +105,10 @@ def test_rl_on_the_rl_split_gets_the_control_that_shows_sft_those_tasks_and_grpo
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
     assert program.same_tasks_control(["0"], "headline-rlsft", best="ipa") is None
     args = compare_algos.parse_args(program.same_tasks_control(["0"]))
-    assert compare_algos.pick_variants(args)[0] == ["ipa-rl-split"] and args.sft_more_split == "rl"
+    names, variants, _ = compare_algos.pick_variants(args)
+    assert names == ["ipa-rl-split", "ipa-rl-split-successes"] and args.sft_more_split == "rl"
+    split, successes = (resolved(config.load_config(ipa, variants[n])) for n in names)
+    assert {k for k in successes if successes[k] != split[k]} == {"algo.negative_reward"}
     sft_dir = ROOT / "runs" / "smollm2-multistep-sft250-seed0"
     control = config.load_config(ipa, compare_algos.control_sets(args, "smollm2-multistep", 0, sft_dir))
     assert (control.sft.generated_split, control.train.steps, control.run_name) == (
@@ -308,25 +313,30 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
     assert {k for k in split if split[k] != gemma.get(k)} == {"train.generated_split"}
 
 
-def test_gemmas_seeds_run_its_better_seed_0_recipe_with_that_recipes_control(tmp_path, monkeypatch):
+def test_gemmas_seeds_run_its_best_seed_0_recipe_with_that_recipes_controls(tmp_path, monkeypatch):
     """Gemma's rows on seeds 0 1 2 are its published IPA on the train split while that is at least
-    as good on seed 0 (or nothing finished); IPA on the rl split, read against SFT on the rl
-    split's oracles, once that ends above it."""
+    as good on seed 0 (or nothing finished), with the continued SFT on the train split; a recipe
+    on the rl split once one ends above it, read against SFT on the rl split's oracles too."""
     import program
     monkeypatch.setattr(program, "ROOT", tmp_path)
     runs, g = tmp_path / "runs", program.GEMMA
     _finished(runs / f"{g}-sft150-seed0", 0, {0: 0.78})
-    for rl_split, want in [(None, "headline"), (0.80, "headline"), (0.85, "rlsplit")]:
-        if rl_split is not None:
-            shutil.rmtree(runs / f"{g}-ipa-rl-split-seed0", ignore_errors=True)
-            _finished(runs / f"{g}-ipa-rl-split-seed0", program.RL_STEPS, {0: 0.78, 20: rl_split})
-        if rl_split == 0.80:
-            _finished(runs / f"{g}-ipa-seed0", program.RL_STEPS, {0: 0.78, 20: 0.80})
-        args = compare_algos.parse_args(program.gemma_headline(program.SEEDS))
-        assert args.out == f"runs/compare-{g}-{want}" and args.seeds == [0, 1, 2], (rl_split, args)
-        assert compare_algos.pick_variants(args)[0] == (["ipa"] if want == "headline" else ["ipa-rl-split"])
-        assert args.sft_more_split == ("train" if want == "headline" else "rl")
+    for recipe, success, best in [(None, None, "ipa"), ("ipa", 0.80, "ipa"), ("ipa-rl-split", 0.80, "ipa"),
+                                  ("ipa-rl-split-successes", 0.85, "ipa-rl-split-successes")]:
+        if recipe:
+            _finished(runs / f"{g}-{recipe}-seed0", program.RL_STEPS, {0: 0.78, 20: success})
+        args = compare_algos.parse_args(program.headline(program.SEEDS, prefix=g))
+        out = f"runs/compare-{g}-headline"
+        assert (args.out, args.seeds, args.sft_more_split) == (out, [0, 1, 2], "train")
+        assert compare_algos.pick_variants(args)[0] == [best], recipe
         assert "sft.steps=150" in args.set  # from Gemma's own plateau
+        rl = program.same_tasks_control(program.SEEDS, "headline-rlsft", prefix=g)
+        if best == "ipa":
+            assert rl is None, recipe
+            continue
+        args = compare_algos.parse_args(rl)
+        assert (args.out, args.seeds, args.sft_more_split) == (out + "-rlsft", [0, 1, 2], "rl")
+        assert compare_algos.pick_variants(args)[0] == [best] and "sft.steps=150" in args.set
 
 
 def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch):
