@@ -51,7 +51,7 @@ def main(argv=None):
             raise SystemExit(f"{path}: not there; an RL run writes it (train.steps > 0), "
                              f"an SFT-only run does not")
         got = windows([json.loads(line) for line in path.open()], args.window)
-        cols = [f"steps {a}-{b}" for a, b in got]
+        cols = [f"step {a}" if a == b else f"steps {a}-{b}" for a, b in got]
         print(f"\n{run.name}: episodes passed of those sampled, by kind (-: none drawn); picks as "
               f"right / first listed / other listed / not listed / no pick\n\n| kind | " + " | ".join(cols)
               + " |\n|---|" + "---|" * len(cols))
