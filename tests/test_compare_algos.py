@@ -78,7 +78,7 @@ def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
     runs those that draw the train split, a later one all of them."""
     import program
     recipe_jobs = [compare_algos.pick_variants(a)[0] for a in program_comparisons()
-                   if a.out.endswith("-recipes")]
+                   if a.out == "runs/compare-multistep-recipes"]
     assert recipe_jobs[:2] == [["ipa", "ipa-lr1e-4", "ipa-successes"], list(program.RECIPES)]
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
     names, variants, _ = compare_algos.pick_variants(compare_algos.parse_args(program.recipes(["0"])))
@@ -283,15 +283,17 @@ def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(
 
 
 def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_changed():
-    """Gemma's SFT runs (configs/gemma3-multistep.yaml) and its headline jobs (the IPA config with
-    Gemma's keys on top: seed 0, then all three) resolve to the same settings as each other's SFT,
-    and to SmolLM2's but where Gemma's config differs from SmolLM2's: the model, and the keys that
-    change no step of training (tests/test_gemma3.py names them). Its rl-split job is its headline
+    """Gemma's SFT runs (configs/gemma3-multistep.yaml) and its train-split IPA jobs (the IPA config
+    with Gemma's keys on top: the headline's three seeds, then the recipes' seed 0) resolve to the
+    same settings as each other's SFT, and to SmolLM2's but where Gemma's config differs from
+    SmolLM2's: the model, and the keys that change no step of training (tests/test_gemma3.py names
+    them). Its rl-split job is its headline
     IPA on the other split."""
     import program
     jobs = program_comparisons()
-    gemma_jobs = [a for a in jobs if a.out == "runs/compare-gemma3-multistep-headline"]
-    assert [args.seeds for args in gemma_jobs] == [[0], [int(s) for s in program.SEEDS]]
+    gemma_jobs = [a for a in jobs if a.out in ("runs/compare-gemma3-multistep-recipes",
+                                               "runs/compare-gemma3-multistep-headline")]
+    assert [args.seeds for args in gemma_jobs] == [[int(s) for s in program.SEEDS], [0]]
     kind, path, sets = program.sft_job(60, 0, "gemma3-multistep")
     curve = resolved(config.load_config(ROOT / path, sets))
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
