@@ -99,6 +99,12 @@ def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, 
     return tasks
 
 
+def task_kind(name: str) -> str:
+    """The kind of a generated task from its name alone (the name's last part, as _generate writes
+    it): what trajectories and evals carry of a task."""
+    return name.rsplit("-", 1)[-1]
+
+
 # --- The generated family of multi-step tasks ----------------------------------------------------
 #
 # Each task needs at least two dependent interactions: the value its final command needs (a file

@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import config  # noqa: E402
 import rundir  # noqa: E402
+from generated_tasks import task_kind  # noqa: E402
 from demo_seeds import held_out  # noqa: E402
 
 # The keys each variant sets; the config supplies the rest. GRPO is tiny-grpo.yaml's algo block:
@@ -195,7 +196,7 @@ def final_eval(run_dir: Path) -> dict:
     for line in path.read_text().splitlines() if path.exists() else []:
         e = json.loads(line) if line.strip() else None
         if e and e["valid"] and e["policy_version"] == step:
-            k = kinds[e["task_name"].rsplit("-", 1)[-1]]
+            k = kinds[task_kind(e["task_name"])]
             k[0], k[1] = k[0] + (e["reward"] > 0), k[1] + 1
             turns.append(e["num_turns"])
             episodes.append(e)

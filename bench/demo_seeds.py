@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import config  # noqa: E402
+from generated_tasks import task_kind  # noqa: E402
 
 
 def held_out(run_dir: Path) -> dict:
@@ -76,12 +77,12 @@ def episodes(run_dirs: list[Path]) -> str:
             versions = sorted({e["policy_version"] for e in eps})
             for when, v in (("first", versions[0]), ("last", versions[-1])):
                 at[when] += [e for e in eps if e["policy_version"] == v]
-    kinds = sorted({e["task_name"].rsplit("-", 1)[-1] for eps in at.values() for e in eps})
+    kinds = sorted({task_kind(e["task_name"]) for eps in at.values() for e in eps})
     lines = ["| kind | first eval | last eval |", "|---|---|---|"]
     for k in kinds:
         cells = []
         for when in ("first", "last"):
-            ks = [e for e in at[when] if e["task_name"].rsplit("-", 1)[-1] == k]
+            ks = [e for e in at[when] if task_kind(e["task_name"]) == k]
             cells.append(f"{sum(e['reward'] > 0 for e in ks)}/{len(ks)}")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     for when in ("first", "last"):

@@ -22,8 +22,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from compare_algos import final_eval  # noqa: E402
+from generated_tasks import task_kind  # noqa: E402
 
 CLASSES = ["right", "first listed", "other listed", "not listed", "no pick"]
 # per kind: the listing's (name, line) pairs, the right name among them, the name a command picks
@@ -68,7 +70,7 @@ def choices(run_dir: Path) -> dict:
     """{kind: Counter of classes} over the run's last held-out eval (final_eval's episodes)."""
     out = {k: collections.Counter() for k in LISTED}
     for e in final_eval(run_dir)["episodes"]:
-        if (kind := e["task_name"].rsplit("-", 1)[-1]) in LISTED:
+        if (kind := task_kind(e["task_name"])) in LISTED:
             out[kind][choice(kind, e["messages"])] += 1
     return out
 

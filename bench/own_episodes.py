@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from generated_tasks import task_kind  # noqa: E402
 from multistep_choices import CLASSES, LISTED, choice  # noqa: E402
 
 
@@ -30,7 +32,7 @@ def windows(rows: list, width: int) -> dict:
             continue
         step = r["policy_version"] + 1
         lo = (step - 1) // width * width + 1
-        got = out[(lo, min(lo + width - 1, last))][kind := r["task_name"].rsplit("-", 1)[-1]]
+        got = out[(lo, min(lo + width - 1, last))][kind := task_kind(r["task_name"])]
         got["episodes"] += 1
         got["passed"] += (r["reward"] or 0.0) > 0
         if kind in LISTED:
