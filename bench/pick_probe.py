@@ -1,8 +1,9 @@
 """Can the policy make the choice a multi-step kind hinges on, once it has seen the listing? For
-`longest` (which file of a `wc -l` listing has the most lines) and `crlf` (which script `file`
-marks as CRLF), the oracle's trajectory is played in real containers up to the turn that names the
-file; there each file of the listing is put in the oracle's command instead, and the policy scores
-every such command token-exactly (the sum of its tokens' log-probs after the real prompt). Per
+`longest` (which file of a `wc -l` listing has the most lines), `crlf` (which script `file` marks
+as CRLF) and, with --kinds, `chmod` (which program `ls -l` shows without x), the oracle's
+trajectory is played in real containers up to the turn that names the file; there each file of the
+listing is put in the oracle's command instead, and the policy scores every such command
+token-exactly (the sum of its tokens' log-probs after the real prompt). Per
 split (tasks of the config's generated_seed + 1: fresh draws of the counts SFT imitated, train;
 of RL's, rl; of the eval's, heldout), per checkpoint:
 
@@ -26,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from multistep_choices import listing  # noqa: E402
+from multistep_choices import LISTED, listing  # noqa: E402
 
 SPLITS = ["train", "rl", "heldout"]
 
@@ -98,7 +99,7 @@ def main(argv=None):
                     help="run directories (their latest checkpoint) or model directories")
     ap.add_argument("--config", default="configs/smollm2-multistep.yaml",
                     help="the run config whose env, rollout format and tasks' seed the probe uses")
-    ap.add_argument("--kinds", nargs="+", default=["longest", "crlf"], choices=["longest", "crlf"])
+    ap.add_argument("--kinds", nargs="+", default=["longest", "crlf"], choices=list(LISTED))
     ap.add_argument("--splits", nargs="+", default=SPLITS, choices=SPLITS)
     ap.add_argument("--tasks", type=int, default=40, help="tasks of each kind in each split")
     ap.add_argument("--threads", type=int, default=0,
