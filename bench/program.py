@@ -259,11 +259,11 @@ def demo_control() -> list:
 GEMMA = "gemma3-multistep"
 JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     sft_job(n, 0, GEMMA) for n in MODELS[GEMMA][1]] + [
-    # the published IPA on Gemma from its own plateau, seed 0, whether it adds where SmolLM2 did not:
-    # first on the rl split, whose file names its SFT never showed it, as held-out's: there its own
-    # episodes can fail as held-out ones do, by a memorised name in place of a listed one
-    # (docs/results.md "Gemma 3 270M"), where the train tasks' memorised names pass; against SFT
-    # on those tasks' oracles
+    # Gemma's RL from its own plateau, seed 0, whether it adds where SmolLM2 did not: first the
+    # rl split's recipes against SFT on that split's oracles. Its SFT never showed it the rl
+    # split's file names, nor held-out's, so there its own episodes fail as held-out ones do, by a
+    # name copied wrong, where the train tasks' names pass (docs/results.md "Gemma 3 270M"; the
+    # order: tests/test_compare_algos.py::test_the_programs_gemma_rows_are_...)
     ("compare", lambda: same_tasks_control(["0"], prefix=GEMMA), []),
     # Gemma's best seed-0 recipe on seeds 0 1 2 with its controls, next: an RL row above its SFT
     # plateau needs them before it is a result (docs/results.md "Gemma 3 270M")

@@ -287,10 +287,11 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
     with Gemma's keys on top: the headline's three seeds, then the recipes' seed 0) resolve to the
     same settings as each other's SFT, and to SmolLM2's but where Gemma's config differs from
     SmolLM2's: the model, and the keys that change no step of training (tests/test_gemma3.py names
-    them). Its rl-split job is its headline
-    IPA on the other split."""
+    them). Its rl-split job, the first of its RL jobs, is its headline IPA on the other split."""
     import program
     jobs = program_comparisons()
+    gemma_outs = [a.out for a in jobs if a.out.startswith("runs/compare-gemma3-")]
+    assert gemma_outs[0] == "runs/compare-gemma3-multistep-rlsplit", gemma_outs
     gemma_jobs = [a for a in jobs if a.out in ("runs/compare-gemma3-multistep-recipes",
                                                "runs/compare-gemma3-multistep-headline")]
     assert [args.seeds for args in gemma_jobs] == [[int(s) for s in program.SEEDS], [0]]
