@@ -27,7 +27,8 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    rl split against SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit), and the
    published IPA on the train split with its control (runs/compare-gemma3-multistep-recipes),
    after its best seed-0 recipe on seeds 0 1 2 (runs/compare-gemma3-multistep-headline), with both
-   controls when it draws the rl split.
+   controls when it draws the rl split, and that recipe's one-key rows (as in 5) on seed 0, then
+   seeds 1 2 (runs/compare-gemma3-multistep-onekey).
 4. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
    CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-recipes): IPA as
    the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
@@ -117,13 +118,14 @@ def plateau(prefix: str = "smollm2-multistep") -> int:
 TASK_KEYS = ("train.generated_split=", "train.generated_kinds=")
 
 
-def grpo_variants(seeds: list, keys: list = (), suffix: str = "") -> tuple[list, list]:
-    """(names, --variant arguments) of GRPO at each lr (seed 0), or at its best seed-0 lr (more
-    seeds), named with `suffix`, with `keys` on top: the headline recipe's TASK_KEYS, so GRPO draws
-    the tasks it does."""
+def grpo_variants(seeds: list, keys: list = (), suffix: str = "",
+                  prefix: str = "smollm2-multistep") -> tuple[list, list]:
+    """(names, --variant arguments) of GRPO at each lr (seed 0), or at the model's best seed-0 lr
+    (more seeds), named with `suffix`, with `keys` on top: the headline recipe's TASK_KEYS, so GRPO
+    draws the tasks it does."""
     lrs = {f"{name}{suffix}": lr for name, lr in GRPO_LRS.items()}
     if seeds != ["0"]:
-        got = finished_success({name: f"smollm2-multistep-{name}-seed0" for name in lrs}, RL_STEPS)
+        got = finished_success({name: f"{prefix}-{name}-seed0" for name in lrs}, RL_STEPS)
         if got:
             best = max(got, key=got.get)
             lrs = {best: lrs[best]}
@@ -230,12 +232,12 @@ def same_tasks_control(seeds: list, out: str = "rlsplit", best: str | None = Non
             + ["--sft-more-split", "rl"])
 
 
-def onekey(seeds: list, best: str | None = None) -> list:
-    """The headline recipe against one key changed: token level, prefilled starts; and GRPO
+def onekey(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep") -> list:
+    """The model's headline recipe against one key changed: token level, prefilled starts; and GRPO
     (several keys). A one-key variant of a recipe other than "ipa" is named recipe-change."""
-    best = best or best_recipe()
+    best = best or best_recipe(prefix)
     keys = [k for k in RECIPES[best] if k.startswith(TASK_KEYS)]
-    grpo, extra = grpo_variants(seeds, keys, best.removeprefix("ipa") if keys else "")
+    grpo, extra = grpo_variants(seeds, keys, best.removeprefix("ipa") if keys else "", prefix)
     changed = {"token": ["algo.level=token"], "prefill": ["rollout.prefill_prob=0.5"]}
     if best == "ipa":
         names = ["ipa", "ipa-token", "ipa-prefill"]
@@ -243,7 +245,7 @@ def onekey(seeds: list, best: str | None = None) -> list:
         names = [best] + [f"{best}-{k}" for k in changed]
         extra = recipe_variant(best) + [a for k, keys in changed.items()
                                         for a in recipe_variant(best, k, keys)] + extra
-    return compare("onekey", seeds, names + grpo, extra + ["--reference", best])
+    return compare("onekey", seeds, names + grpo, extra + ["--reference", best], prefix)
 
 
 def demo_control() -> list:
@@ -269,6 +271,10 @@ JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     # plateau needs them before it is a result (docs/results.md "Gemma 3 270M")
     ("compare", lambda: headline(SEEDS, prefix=GEMMA), []),
     ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft", prefix=GEMMA), []),
+    # the paper's claims one key at a time where RL adds to SFT's plateau: from Gemma's headline
+    # recipe, its seed 0 (GRPO's lrs swept), then seeds 1 2 (GRPO at its best seed-0 lr)
+    ("compare", lambda: onekey(["0"], prefix=GEMMA), []),
+    ("compare", lambda: onekey(SEEDS, prefix=GEMMA), []),
     ("compare", lambda: compare("recipes", ["0"], ["ipa"], prefix=GEMMA), []),
     ("compare", lambda: recipes(["0"], TRAIN_SPLIT_RECIPES), []),
     ("compare", lambda: headline(SEEDS), []),

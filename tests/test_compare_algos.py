@@ -342,6 +342,34 @@ def test_gemmas_seeds_run_its_best_seed_0_recipe_with_that_recipes_controls(tmp_
         assert compare_algos.pick_variants(args)[0] == [best] and "sft.steps=150" in args.set
 
 
+def test_gemmas_one_key_rows_follow_its_headline_from_its_own_best_recipe_and_grpo_lr(tmp_path, monkeypatch):
+    """Gemma's one-key rows come after its headline's seeds and before SmolLM2's jobs; they branch
+    from its own plateau with its keys, vary its own best seed-0 recipe, and its seeds 1 2 take
+    GRPO at the lr that did best on Gemma's seed 0, not SmolLM2's."""
+    import program
+    outs = [a.out for a in program_comparisons()]
+    g_onekey = "runs/compare-gemma3-multistep-onekey"
+    assert outs.index(g_onekey) > outs.index("runs/compare-gemma3-multistep-headline")
+    assert outs.index(g_onekey) < outs.index("runs/compare-multistep-onekey")
+    monkeypatch.setattr(program, "ROOT", tmp_path)
+    runs, g = tmp_path / "runs", program.GEMMA
+    _finished(runs / f"{g}-sft250-seed0", 0, {0: 0.85})
+    _finished(runs / f"{g}-ipa-rl-split-successes-seed0", program.RL_STEPS, {0: 0.85, 20: 0.9})
+    suffix = "-rl-split-successes"
+    for lr, success in [("grpo-lr5e-6", 0.8), ("grpo", 0.85), ("grpo-lr1e-4", 0.9)]:
+        _finished(runs / f"{g}-{lr}{suffix}-seed0", program.RL_STEPS, {0: 0.85, 20: success})
+        smollm2 = runs / f"smollm2-multistep-{lr}{suffix}-seed0"
+        _finished(smollm2, program.RL_STEPS, {0: 0.85, 20: 1.0 - success})
+    sweep = compare_algos.parse_args(program.onekey(["0"], prefix=g))
+    names, variants, reference = compare_algos.pick_variants(sweep)
+    assert (sweep.out, reference) == (g_onekey, "ipa-rl-split-successes")
+    assert names == ["ipa-rl-split-successes", f"ipa{suffix}-token", f"ipa{suffix}-prefill",
+                     f"grpo-lr5e-6{suffix}", f"grpo{suffix}", f"grpo-lr1e-4{suffix}"]
+    assert "sft.steps=250" in sweep.set and "model.path=out/gemma3-270m" in sweep.set
+    seeds = compare_algos.parse_args(program.onekey(program.SEEDS, prefix=g))
+    assert compare_algos.pick_variants(seeds)[0] == names[:3] + [f"grpo-lr1e-4{suffix}"]
+
+
 def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch):
     """The program's recipes on seeds 1 2 leave out a recipe whose seed-0 run ended 10 points or more
     below its SFT-only start; one that ended near it, and one not finished, stay."""
