@@ -6,8 +6,11 @@ is a file picked out of a listing (bench/multistep_choices.py), what the policy 
 
 Held-out success says where a policy ended; this says what RL's reward saw on the way there: a
 kind learnt, left alone or lost, and picks that drift to a shortcut (the listing's first file) or
-to names the listing does not have. An episode belongs to RL step policy_version + 1, the weights
-that sampled its first turn (train.mode sync: every turn of step s is sampled by version s - 1).
+to names the listing does not have. A second table counts each kind's groups (one task's episodes
+of one step) that passed whole, mixed, or failed whole: only a mixed group sets a success beside a
+failure of the same task, and a near-deterministic policy makes few of them. An episode belongs to
+RL step policy_version + 1, the weights that sampled its first turn (train.mode sync: every turn
+of step s is sampled by version s - 1).
 """
 import argparse
 import collections
@@ -40,6 +43,21 @@ def windows(rows: list, width: int) -> dict:
     return {w: dict(out[w]) for w in sorted(out)}
 
 
+def group_outcomes(rows: list) -> dict:
+    """{kind: Counter of "all passed", "mixed", "all failed"} over the groups of trajectories.jsonl
+    rows: a group is one task's episodes sampled at one RL step (its group_id and policy_version);
+    an episode that did not run is left out."""
+    groups = collections.defaultdict(list)
+    for r in rows:
+        if r["valid"]:
+            key = (r["policy_version"], r["group_id"], task_kind(r["task_name"]))
+            groups[key].append((r["reward"] or 0.0) > 0)
+    out = collections.defaultdict(collections.Counter)
+    for (_, _, kind), passed in groups.items():
+        out[kind]["all passed" if all(passed) else "all failed" if not any(passed) else "mixed"] += 1
+    return dict(out)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="RL run directories with a trajectories.jsonl")
@@ -52,7 +70,8 @@ def main(argv=None):
         if not path.exists():
             raise SystemExit(f"{path}: not there; an RL run writes it (train.steps > 0), "
                              f"an SFT-only run does not")
-        got = windows([json.loads(line) for line in path.open()], args.window)
+        rows = [json.loads(line) for line in path.open()]
+        got = windows(rows, args.window)
         cols = [f"step {a}" if a == b else f"steps {a}-{b}" for a, b in got]
         print(f"\n{run.name}: episodes passed of those sampled, by kind (-: none drawn); picks as "
               f"right / first listed / other listed / not listed / no pick\n\n| kind | " + " | ".join(cols)
@@ -64,6 +83,9 @@ def main(argv=None):
                 cells.append("-" if c is None else f"{c['passed']} of {c['episodes']}" + (
                     " (" + " / ".join(str(c[k]) for k in CLASSES) + ")" if kind in LISTED else ""))
             print(f"| {kind} | " + " | ".join(cells) + " |")
+        print("\n| kind | groups passed whole | mixed | failed whole |\n|---|---:|---:|---:|")
+        for kind, c in sorted(group_outcomes(rows).items()):
+            print(f"| {kind} | {c['all passed']} | {c['mixed']} | {c['all failed']} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The multi-step generated family: every kind's oracle passes and doing nothing fails in a real
 container, the deciding value is only in an earlier command's output, shortcuts fail, the splits
 are disjoint, and a run config draws the family."""
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -193,16 +194,21 @@ def test_own_episodes_counts_a_runs_real_episodes_by_kind_window_and_pick(docker
     with ScriptedPolicy(tiny_tokenizer, "fixed", commands=()) as noop:
         failed = rollout.collect(tasks, noop, docker_env, rcfg, group_size=1, progress=False)
     chmod = [t for t in passed if G.task_kind(t.task_name) == "chmod"]
-    for version, trajs in ((0, passed), (2, failed), (3, passed), (5, chmod)):  # RL steps 1, 3, 4, 6
+    # RL steps 1, 3, 4, 6; at step 7 one chmod group with a pass and a failure
+    mixed = [dataclasses.replace(t, group_id=chmod[0].group_id)
+             for t in chmod + [t for t in failed if G.task_kind(t.task_name) == "chmod"]]
+    for version, trajs in ((0, passed), (2, failed), (3, passed), (5, chmod), (6, mixed)):
         for t in trajs:
             t.policy_version = version
         rollout.write_jsonl(trajs, tmp_path / "trajectories.jsonl")
     own_episodes.main([str(tmp_path), "--window", "2"])
     table = capsys.readouterr().out
-    assert "| kind | steps 1-2 | steps 3-4 | steps 5-6 |" in table, table
-    right = "1 of 1 (1 / 0 / 0 / 0 / 0)"
-    assert f"| chmod | {right} | 1 of 2 (1 / 0 / 0 / 0 / 1) | {right} |" in table, table
-    assert "| grep | 1 of 1 | 1 of 2 | - |" in table, table  # not drawn in steps 5-6
+    assert "| kind | steps 1-2 | steps 3-4 | steps 5-6 | step 7 |" in table, table
+    right, half = "1 of 1 (1 / 0 / 0 / 0 / 0)", "1 of 2 (1 / 0 / 0 / 0 / 1)"
+    assert f"| chmod | {right} | {half} | {right} | {half} |" in table, table
+    assert "| grep | 1 of 1 | 1 of 2 | - | - |" in table, table  # not drawn in steps 5-7
+    # groups passed whole, mixed, failed whole: the mixed one is step 7's
+    assert "| chmod | 3 | 1 | 1 |" in table and "| grep | 2 | 0 | 1 |" in table, table
     with pytest.raises(SystemExit, match="not there"):
         own_episodes.main([str(tmp_path / "sft-only")])
 
