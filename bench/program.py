@@ -26,9 +26,9 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    does not; then, seed 0, from its plateau, its published IPA and IPA from successes alone on the
    rl split against SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit), and the
    published IPA on the train split with its control (runs/compare-gemma3-multistep-recipes),
-   after its best seed-0 recipe on seeds 0 1 2 (runs/compare-gemma3-multistep-headline), with both
-   controls when it draws the rl split, and that recipe's one-key rows (as in 5) on seed 0, then
-   seeds 1 2 (runs/compare-gemma3-multistep-onekey).
+   after its best seed-0 recipe on seeds 0 1 2 (runs/compare-gemma3-multistep-headline), each seed
+   with the control on the split that recipe draws (control_split), and that recipe's one-key rows
+   (as in 5) on seed 0, then seeds 1 2 (runs/compare-gemma3-multistep-onekey).
 4. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
    CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-recipes): IPA as
    the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
@@ -40,9 +40,8 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    CONTROL_STEPS SFT steps on its oracles (runs/compare-multistep-rlsplit); then seeds 1 2 of the
    one-key rows, GRPO at its best seed-0 lr.
 6. the recipes on the rl split (tasks SFT never imitated; on its least-solved kinds alone, with a
-   group baseline or from successes alone) on seed 0; the rl split's control of the headline when
-   its recipe draws that split; seeds 1 2 of the recipes that held (held_recipes); the SFT curve's
-   budgets under its plateau.
+   group baseline or from successes alone) on seed 0; seeds 1 2 of the recipes that held
+   (held_recipes); the SFT curve's budgets under its plateau.
 """
 import argparse
 import fcntl
@@ -213,23 +212,25 @@ def recipes(seeds: list, names: list = ()) -> list:
     return compare("recipes", seeds, names, extra)
 
 
+def control_split(recipe: str) -> list:
+    """compare_algos' --sft-more-split for a recipe's control: SFT on the oracles of the split its RL
+    draws. For a recipe on the rl split that is SFT shown the very tasks RL meets, the control that
+    says whether RL's reward taught what their oracles would."""
+    return ["--sft-more-split", "rl"] if "train.generated_split=rl" in RECIPES[recipe] else []
+
+
 def headline(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep") -> list:
-    """The model's best seed-0 recipe on `seeds`, with the continued SFT on the train split."""
+    """The model's best seed-0 recipe on `seeds`, each seed with its control (control_split)."""
     best = best or best_recipe(prefix)
-    return compare("headline", seeds, [best], [] if best == "ipa" else recipe_variant(best), prefix)
+    return compare("headline", seeds, [best], ([] if best == "ipa" else recipe_variant(best))
+                   + control_split(best), prefix)
 
 
-def same_tasks_control(seeds: list, out: str = "rlsplit", best: str | None = None,
-                       prefix: str = "smollm2-multistep") -> list | None:
-    """The recipes that draw the rl split (RL_SPLIT_RECIPES; for out "headline-rlsft" the model's
-    best seed-0 recipe) against SFT on that split's oracles (compare_algos --sft-more-split rl),
-    beside the continued SFT on the train split; None (no job) for a best recipe that draws the
-    train split."""
-    names = RL_SPLIT_RECIPES if out == "rlsplit" else [best or best_recipe(prefix)]
-    if any("train.generated_split=rl" not in RECIPES[n] for n in names):
-        return None
-    return (compare(out, seeds, names, [a for n in names for a in recipe_variant(n)], prefix)
-            + ["--sft-more-split", "rl"])
+def same_tasks_control(seeds: list, prefix: str = "smollm2-multistep") -> list:
+    """The recipes that draw the rl split (RL_SPLIT_RECIPES) against SFT on that split's oracles."""
+    names = RL_SPLIT_RECIPES
+    return compare("rlsplit", seeds, names, [a for n in names for a in recipe_variant(n)]
+                   + control_split(names[0]), prefix)
 
 
 def onekey(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep") -> list:
@@ -245,7 +246,7 @@ def onekey(seeds: list, best: str | None = None, prefix: str = "smollm2-multiste
         names = [best] + [f"{best}-{k}" for k in changed]
         extra = recipe_variant(best) + [a for k, keys in changed.items()
                                         for a in recipe_variant(best, k, keys)] + extra
-    return compare("onekey", seeds, names + grpo, extra + ["--reference", best], prefix)
+    return compare("onekey", seeds, names + grpo, extra + ["--reference", best] + control_split(best), prefix)
 
 
 def demo_control() -> list:
@@ -257,7 +258,7 @@ def demo_control() -> list:
 
 
 # a job: ("train", config, sets), or ("compare", a function of no arguments giving compare_algos'
-# arguments when the job starts, what it reads of earlier runs being there by then; None: no job)
+# arguments when the job starts, what it reads of earlier runs being there by then)
 GEMMA = "gemma3-multistep"
 JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     sft_job(n, 0, GEMMA) for n in MODELS[GEMMA][1]] + [
@@ -267,12 +268,13 @@ JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     # name copied wrong, where the train tasks' names pass (docs/results.md "Gemma 3 270M"; the
     # order: tests/test_compare_algos.py::test_the_programs_gemma_rows_are_...)
     ("compare", lambda: same_tasks_control(["0"], prefix=GEMMA), []),
-    # Gemma's best seed-0 recipe on seeds 0 1 2 with its controls, next: an RL row above its SFT
-    # plateau needs them before it is a result (docs/results.md "Gemma 3 270M")
+    # Gemma's best seed-0 recipe on seeds 0 1 2, each with its control, next: the model whose RL
+    # recipes part ways on seed 0 (the published IPA comes apart, successes alone holds:
+    # docs/results.md "Gemma 3 270M")
     ("compare", lambda: headline(SEEDS, prefix=GEMMA), []),
-    ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft", prefix=GEMMA), []),
-    # the paper's claims one key at a time where RL adds to SFT's plateau: from Gemma's headline
-    # recipe, its seed 0 (GRPO's lrs swept), then seeds 1 2 (GRPO at its best seed-0 lr)
+    # the paper's claims one key at a time there, where a key can take RL apart or not: from
+    # Gemma's headline recipe, its seed 0 (GRPO's lrs swept), then seeds 1 2 (GRPO at its best
+    # seed-0 lr)
     ("compare", lambda: onekey(["0"], prefix=GEMMA), []),
     ("compare", lambda: onekey(SEEDS, prefix=GEMMA), []),
     ("compare", lambda: compare("recipes", ["0"], ["ipa"], prefix=GEMMA), []),
@@ -283,7 +285,6 @@ JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     ("compare", lambda: onekey(SEEDS), []),
     # from here on, seed-0 rows docs/results.md already holds come back: the recipes on the rl split
     ("compare", lambda: recipes(["0"]), []),
-    ("compare", lambda: same_tasks_control(SEEDS, "headline-rlsft"), []),
     ("compare", lambda: recipes(SEEDS, held_recipes()), []),
 ] + [sft_job(n, 0) for n in SFT_CURVE[1:]]  # last: a change of plateau would move no row after it
 
@@ -311,7 +312,7 @@ def main(argv=None):
     if args.list:
         for i, (kind, what, sets) in enumerate(JOBS):
             print(f"{i}: " + (train_job(what, sets)[0] if kind == "train"
-                             else "compare_algos.py " + " ".join(what() or ["(no job)"])))
+                             else "compare_algos.py " + " ".join(what())))
         return
     lock = open(runs / "program.lock", "w")
     try:
@@ -329,8 +330,7 @@ def main(argv=None):
         if kind == "train":
             state, cmd = train_job(what, sets)
         else:  # a comparison resumes and skips its own runs
-            got = what()
-            state, cmd = f"job {i}: compare", got and [sys.executable, "bench/compare_algos.py", *got]
+            state, cmd = f"job {i}: compare", [sys.executable, "bench/compare_algos.py", *what()]
         if cmd is None:
             log(state + ", skipped")
             continue

@@ -103,7 +103,10 @@ def test_rl_on_the_rl_split_gets_the_control_that_shows_sft_those_tasks_and_grpo
     same checkpoint, a run name of its own), and its GRPO rows draw the rl split as it does."""
     import program
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
-    assert program.same_tasks_control(["0"], "headline-rlsft", best="ipa") is None
+    for recipe, split in [("ipa", "train"), ("ipa-lr1e-4", "train"), ("ipa-rl-split-successes", "rl"),
+                          ("ipa-rl-kinds", "rl")]:  # a headline's and its one-key rows' control
+        for job in (program.headline(["0"], recipe), program.onekey(["0"], recipe)):
+            assert compare_algos.parse_args(job).sft_more_split == split, (recipe, job)
     args = compare_algos.parse_args(program.same_tasks_control(["0"]))
     names, variants, _ = compare_algos.pick_variants(args)
     assert names == ["ipa-rl-split", "ipa-rl-split-successes"] and args.sft_more_split == "rl"
@@ -319,7 +322,7 @@ def test_the_programs_gemma_rows_are_the_smollm2_ones_with_only_the_model_change
 def test_gemmas_seeds_run_its_best_seed_0_recipe_with_that_recipes_controls(tmp_path, monkeypatch):
     """Gemma's rows on seeds 0 1 2 are its published IPA on the train split while that is at least
     as good on seed 0 (or nothing finished), with the continued SFT on the train split; a recipe
-    on the rl split once one ends above it, read against SFT on the rl split's oracles too."""
+    on the rl split once one ends above it, read against SFT on the rl split's oracles."""
     import program
     monkeypatch.setattr(program, "ROOT", tmp_path)
     runs, g = tmp_path / "runs", program.GEMMA
@@ -329,17 +332,10 @@ def test_gemmas_seeds_run_its_best_seed_0_recipe_with_that_recipes_controls(tmp_
         if recipe:
             _finished(runs / f"{g}-{recipe}-seed0", program.RL_STEPS, {0: 0.78, 20: success})
         args = compare_algos.parse_args(program.headline(program.SEEDS, prefix=g))
-        out = f"runs/compare-{g}-headline"
-        assert (args.out, args.seeds, args.sft_more_split) == (out, [0, 1, 2], "train")
+        split = "train" if best == "ipa" else "rl"
+        assert (args.out, args.seeds, args.sft_more_split) == (f"runs/compare-{g}-headline", [0, 1, 2], split)
         assert compare_algos.pick_variants(args)[0] == [best], recipe
         assert "sft.steps=150" in args.set  # from Gemma's own plateau
-        rl = program.same_tasks_control(program.SEEDS, "headline-rlsft", prefix=g)
-        if best == "ipa":
-            assert rl is None, recipe
-            continue
-        args = compare_algos.parse_args(rl)
-        assert (args.out, args.seeds, args.sft_more_split) == (out + "-rlsft", [0, 1, 2], "rl")
-        assert compare_algos.pick_variants(args)[0] == [best] and "sft.steps=150" in args.set
 
 
 def test_gemmas_one_key_rows_follow_its_headline_from_its_own_best_recipe_and_grpo_lr(tmp_path, monkeypatch):
