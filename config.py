@@ -154,6 +154,14 @@ class TrainConfig:
     #                                                          solved or all failed sits out, so rollouts go
     #                                                          to groups with signal (DAPO, prime-rl); 0 = off
     filter_sit_out: Annotated[int, ">= 1"] = 4               # ... RL steps it sits out, then is tried again
+    curate_k: Annotated[int, ">= 0"] = 0                     # before RL step 1 the start policy plays this
+    #                                                          many episodes of each task tried, and RL draws
+    #                                                          only those it both solved and failed
+    #                                                          (difficulty.moderate): a near-deterministic
+    #                                                          start makes few groups with a contrast
+    #                                                          elsewhere; 0 = off
+    curate_tasks: Annotated[int, ">= 0"] = 0                 # ... how many of RL's tasks it tries, in their
+    #                                                          seeded draw order (0 = all): its cost
     sync_check: bool = True                                  # per sync: compare engine and trainer log-probs
     log_entropy: bool = True                                 # entropy metric (a vocab softmax per token)
     head_block_logits: Annotated[int, ">= 0"] = 0            # logits per output-head block (caps its memory);
@@ -428,6 +436,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raise ConfigError(f"config key '{key}' is {split!r}, a split of the generated tasks, but "
                               f"data.train_tasks is {cfg.data.train_tasks!r}; set data.train_tasks=generated "
                               f"or {key}=train")
+    if cfg.train.curate_k == 1:
+        raise ConfigError("train.curate_k is 1: one episode a task cannot be both solved and failed; "
+                          "set 2 or more (8, a group's size, finds a 15% task mixed 73% of the time), or 0")
     if cfg.sft.stop_at_val_prob and cfg.sft.val_tasks < 1:
         raise ConfigError("sft.stop_at_val_prob needs validation trajectories: set sft.val_tasks >= 1")
     if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", cfg.run_name):  # it names a folder under runs/

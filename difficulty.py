@@ -94,3 +94,16 @@ class DifficultyFilter:
         """A checkpoint's state(); {} (a run from before the filter, or a fresh one) is empty."""
         self.recent = {k: list(v) for k, v in state.get("recent", {}).items()}
         self.benched = {k: [tuple(s) for s in v] for k, v in state.get("benched", {}).items()}
+
+
+def moderate(outcomes: list) -> tuple[list, dict]:
+    """(the names of the tasks both solved and failed, in first-seen order; {name: [solved, episodes]})
+    from (task name, solved) per valid episode: the paper's tasks of moderate difficulty, judged by
+    the starting policy's own pass rate (evaluate.curate's filter, here on RL's tasks:
+    train.curate_k). Only there does a group set a success beside a failure of the same task; a
+    task always or never solved gives a successes-only or group-baseline loss nothing to contrast."""
+    counts: dict = {}
+    for name, solved in outcomes:
+        c = counts.setdefault(name, [0, 0])
+        c[0], c[1] = c[0] + bool(solved), c[1] + 1
+    return [n for n, (s, k) in counts.items() if 0 < s < k], counts

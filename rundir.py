@@ -464,6 +464,9 @@ def summary(records: list[dict], wall_s: float, out_dir: Path,
         lines.append(f"sft: {len(sft)} steps, loss {sft[-1]['loss']:.3f}" + (
             f"; val_oracle_prob {val[-1]['val_oracle_prob']:.3f}, val_nll {val[-1]['val_nll']:.3f}"
             if val else ""))
+    for c in (r for r in records if r.get("phase") == "curate"):
+        lines.append(f"curated: RL draws the {len(c['kept'])} of {c['tried']} tasks the start policy both "
+                     f"solved and failed in {c['k']} episodes each ({c['time/curate']:.0f}s)")
     if ev:
         lines.append(f"held-out success: start {_estimate(ev[0])} -> end {_estimate(ev[-1])}; "
                      f"best {max(r['success'] for r in ev):.1%}")

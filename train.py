@@ -43,7 +43,7 @@ from transformers import AutoTokenizer
 import algo
 import logprobs
 import difficulty
-from difficulty import step_tasks  # noqa: F401 -- the data order, as tests call it (train.step_tasks)
+from difficulty import step_tasks  # the data order (tests call it as train.step_tasks)
 import distributed
 from engines import engine_topk_rule, make_engine
 import env
@@ -534,6 +534,35 @@ def heldout_eval(r: Run, policy, step: int) -> tuple[float, float]:
     return succ, time.time() - t0
 
 
+def curate(r: Run, policy):
+    """train.curate_k: the start policy plays curate_k episodes of each of RL's first curate_tasks draws
+    (no prefilled starts); RL then draws only those it both solved and failed (difficulty.moderate).
+    The choice is a metrics record (phase "curate"): a resume after it reads it back, one that cut it
+    away plays them again, as the baseline eval (tests/test_difficulty.py::test_a_curated_run_*)."""
+    k = r.cfg.train.curate_k
+    done = [x["kept"] for x in r.log.records if x.get("phase") == "curate"]
+    kept = distributed.from_rank0(done[-1] if done else None, r.world)
+    if kept is None:
+        t0 = time.time()
+        pool = step_tasks(r.rl_tasks, 0, r.cfg.train.curate_tasks or len(r.rl_tasks), r.cfg.seed)
+        mine, before = rank_share(pool, r.rank, r.world)  # RL's own first draws, each task once
+        policy.wake()
+        ccfg = dataclasses.replace(r.rcfg, prefill_prob=0.0, group_redundancy=0)
+        trajs = rollout.collect(mine, policy, r.env, ccfg, group_size=k, group_id_start=2 * 10 ** 6 + before,
+                                progress=False)
+        rollout.write_jsonl(trajs, r.out / f"curate_trajectories{f'.rank{r.rank}' * (r.world > 1)}.jsonl")
+        mine = [(t.task_name, t.reward > 0) for t in trajs if t.valid]
+        kept, counts = difficulty.moderate([o for part in distributed.gather(mine, r.world) for o in part])
+        if r.rank == 0:
+            r.log.log({"phase": "curate", "step": 0, "k": k, "tried": len(pool), "kept": kept,
+                       "counts": counts, "time/curate": time.time() - t0})
+    if not kept:
+        raise SystemExit(f"{r.out}: the start policy solved each task it tried in all {k} episodes or in "
+                         f"none (metrics.jsonl, phase curate), so RL has no task to draw: raise "
+                         f"train.curate_k or train.curate_tasks, or set train.curate_k=0")
+    r.rl_tasks = [t for t in r.rl_tasks if t.name in kept]
+
+
 def rank_times(world: int, trajs, t_roll: float, t_train: float) -> dict:
     """Episodes and per-rank rollout/train seconds: a straggler rank sets everyone's pace."""
     if world == 1:
@@ -582,6 +611,8 @@ def run(cfg: Config, resume: bool = False, restart: bool = False) -> dict:
     # (tests/test_train.py::test_sigkill_and_resume_continues_the_unbroken_run_bit_for_bit)
     if r.eval_tasks and cfg.eval.at_start and start == 0:
         eval_succ, _ = heldout_eval(r, policy, start)
+    if cfg.train.curate_k and cfg.train.steps:
+        curate(r, policy)
     stop = threading.Event()
     produced = start_producer(r, policy, start, stop) if cfg.train.mode == "async" else None
 

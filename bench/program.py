@@ -24,7 +24,8 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    (MODELS: 60, 150 and 250 steps): whether SFT leaves it failures on the train tasks, where RL's
    reward comes from, and whether RL adds where SmolLM2's seed-0 rows in docs/results.md show it
    does not; then, seed 0, from its plateau, its published IPA and IPA from successes alone on the
-   rl split against SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit), and the
+   rl split, and the latter on the rl tasks its start both passes and fails (train.curate_k), against
+   SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit), and the
    published IPA on the train split with its control (runs/compare-gemma3-multistep-recipes),
    after its best seed-0 recipe on seeds 0 1 2 (runs/compare-gemma3-multistep-headline), each seed
    with the control on the split that recipe draws (control_split), and that recipe's one-key rows
@@ -114,7 +115,7 @@ def plateau(prefix: str = "smollm2-multistep") -> int:
 
 
 # a recipe's keys that choose RL's tasks: its GRPO rows take them too
-TASK_KEYS = ("train.generated_split=", "train.generated_kinds=")
+TASK_KEYS = ("train.generated_split=", "train.generated_kinds=", "train.curate_k=", "train.curate_tasks=")
 
 
 def grpo_variants(seeds: list, keys: list = (), suffix: str = "",
@@ -149,6 +150,12 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
     # steps it shares with the successes, which on the rl split cost Gemma what it did right
     # (docs/results.md "Gemma 3 270M")
     "ipa-rl-split-successes": ["train.generated_split=rl", "algo.negative_reward=0.0"],
+    # the same on the rl tasks its start both passes and fails in 8 episodes (of RL's first 160
+    # draws): the paper's moderate-difficulty filter. A near-deterministic start repeats one episode
+    # a group, and most groups pass whole or fail whole; only a mixed group sets a success beside a
+    # failure of the same task (docs/results.md "Gemma 3 270M")
+    "ipa-rl-split-curated": ["train.generated_split=rl", "algo.negative_reward=0.0", "train.curate_k=8",
+                             "train.curate_tasks=160"],
     "ipa-rl-kinds": RL_KINDS,
     # with a leave-one-out group baseline: a failure counts against its group's successes, and a
     # group that never succeeds pushes nothing down (without it, failures' R = -1 took the policy
@@ -164,7 +171,8 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
 
 
 TRAIN_SPLIT_RECIPES = [n for n, keys in RECIPES.items() if "train.generated_split=rl" not in keys]
-RL_SPLIT_RECIPES = ["ipa-rl-split", "ipa-rl-split-successes"]  # the whole rl split, read against SFT on it
+# the recipes on the rl split, read against SFT on its oracles
+RL_SPLIT_RECIPES = ["ipa-rl-split", "ipa-rl-split-successes", "ipa-rl-split-curated"]
 
 
 def held_recipes() -> list:

@@ -87,6 +87,8 @@ def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
         "- **ipa-rl-split**: `train.generated_split` rl (ipa: train)",
         "- **ipa-rl-split-successes**: `algo.negative_reward` 0.0 (ipa: -1.0); `train.generated_split` rl "
         "(ipa: train)",
+        "- **ipa-rl-split-curated**: `algo.negative_reward` 0.0 (ipa: -1.0); `train.curate_k` 8 (ipa: 0); "
+        "`train.curate_tasks` 160 (ipa: 0); `train.generated_split` rl (ipa: train)",
         "- **ipa-rl-kinds**: `train.generated_kinds` ['config', 'crlf', 'longest'] (ipa: []); "
         "`train.generated_split` rl (ipa: train)",
         "- **ipa-rl-kinds-rloo**: `algo.baseline` rloo (ipa: none); `train.generated_kinds` ['config', "
@@ -109,9 +111,11 @@ def test_rl_on_the_rl_split_gets_the_control_that_shows_sft_those_tasks_and_grpo
             assert compare_algos.parse_args(job).sft_more_split == split, (recipe, job)
     args = compare_algos.parse_args(program.same_tasks_control(["0"]))
     names, variants, _ = compare_algos.pick_variants(args)
-    assert names == ["ipa-rl-split", "ipa-rl-split-successes"] and args.sft_more_split == "rl"
-    split, successes = (resolved(config.load_config(ipa, variants[n])) for n in names)
+    assert names == ["ipa-rl-split", "ipa-rl-split-successes", "ipa-rl-split-curated"]
+    assert args.sft_more_split == "rl"
+    split, successes, curated = (resolved(config.load_config(ipa, variants[n])) for n in names)
     assert {k for k in successes if successes[k] != split[k]} == {"algo.negative_reward"}
+    assert {k for k in curated if curated[k] != successes[k]} == {"train.curate_k", "train.curate_tasks"}
     sft_dir = ROOT / "runs" / "smollm2-multistep-sft250-seed0"
     control = config.load_config(ipa, compare_algos.control_sets(args, "smollm2-multistep", 0, sft_dir))
     assert (control.sft.generated_split, control.train.steps, control.run_name) == (
@@ -120,13 +124,14 @@ def test_rl_on_the_rl_split_gets_the_control_that_shows_sft_those_tasks_and_grpo
     args.sft_more_split = "train"  # the usual control keeps its name
     usual = config.load_config(ipa, compare_algos.control_sets(args, "smollm2-multistep", 0, sft_dir))
     assert (usual.sft.generated_split, usual.run_name) == ("train", "smollm2-multistep-sftmore200-seed0")
-    for recipe, kinds in [("ipa-rl-split", []), ("ipa-rl-kinds", ["config", "crlf", "longest"])]:
+    for recipe, kinds, k in [("ipa-rl-split", [], 0), ("ipa-rl-kinds", ["config", "crlf", "longest"], 0),
+                             ("ipa-rl-split-curated", [], 8)]:
         names, variants, _ = compare_algos.pick_variants(compare_algos.parse_args(
             program.onekey(["0"], recipe)))
         grpo = [n for n in names if n.startswith("grpo")]
         assert len(grpo) == 3 and all(n.endswith(recipe.removeprefix("ipa")) for n in grpo), names
         drawn = [config.load_config(ipa, variants[n]).train for n in grpo]
-        assert all((t.generated_split, t.generated_kinds) == ("rl", kinds) for t in drawn), names
+        assert all((t.generated_split, t.generated_kinds, t.curate_k) == ("rl", kinds, k) for t in drawn)
 
 
 def _finished(run_dir: Path, steps: int, evals: dict):

@@ -1,5 +1,7 @@
 """Online difficulty filtering (difficulty.py): which tasks sit out, for how long, what a
-checkpoint keeps of it, the zero_adv_frac metric; and a short real run with the filter on."""
+checkpoint keeps of it, the zero_adv_frac metric; and a short real run with the filter on. The
+curation before RL step 1 (train.curate_k): which tasks it keeps, and a real run of it, refused
+and resumed."""
 import json
 import os
 import subprocess
@@ -7,9 +9,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 
-from difficulty import DifficultyFilter, step_tasks, zero_adv_frac
+from difficulty import DifficultyFilter, moderate, step_tasks, zero_adv_frac
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,6 +103,13 @@ def test_zero_adv_frac_on_hand_built_rewards():
     assert zero_adv_frac([(5, 0.0)], "none") == 1.0 and zero_adv_frac([(5, 0.0)], "grpo") == 1.0
 
 
+def test_curation_keeps_the_tasks_both_solved_and_failed_in_first_seen_order():
+    kept, counts = moderate([("a", True), ("b", False), ("c", True), ("b", True), ("a", True),
+                             ("c", False), ("d", False), ("d", False)])
+    assert kept == ["b", "c"] and counts == {"a": [2, 2], "b": [1, 2], "c": [1, 2], "d": [0, 2]}
+    assert moderate([]) == ([], {}) and moderate([("a", True)]) == ([], {"a": [1, 1]})
+
+
 def test_a_short_run_with_the_filter_on_logs_and_resumes_it(tiny_model_dir, tmp_path):
     """A real run (no SFT: the tiny model solves nothing) on 3 train tasks, 2 a step, window 1:
     every task played sits out the next 2 steps, and the metrics say it each step. Run to 2 steps
@@ -136,3 +146,63 @@ def test_a_short_run_with_the_filter_on_logs_and_resumes_it(tiny_model_dir, tmp_
     state = torch.load(part / "checkpoints" / "step_000003" / "trainer.pt", weights_only=False)["difficulty"]
     assert state == torch.load(tmp_path / "whole" / "checkpoints" / "step_000003" / "trainer.pt",
                                weights_only=False)["difficulty"]
+
+
+def _harbor_task(root: Path, name: str, test_sh: str):
+    """A Harbor task folder whose verifier is `test_sh` (it writes /logs/verifier/reward.txt)."""
+    d = root / name
+    for sub in ("environment", "solution", "tests"):
+        (d / sub).mkdir(parents=True)
+    (d / "environment" / "Dockerfile").write_text("FROM termrl-base:bookworm\nWORKDIR /app\n")
+    (d / "solution" / "solve.sh").write_text("#!/bin/bash\ntrue\n")
+    (d / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh + "\n")
+    (d / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 30.0\n')
+    (d / "instruction.md").write_text("Submit when you are done.\n")
+
+
+def test_a_curated_run_draws_the_tasks_both_solved_and_failed_and_resumes_on_its_choice(
+        tiny_model_dir, tmp_path):
+    """train.curate_k, on real task folders whatever the policy does: `coin` passes an episode half
+    the time, `never` none. The start policy plays curate_k episodes of each of RL's first draws
+    before step 1; RL then draws `coin` alone, and the choice is in metrics.jsonl with every task's
+    count. Resumed from a later checkpoint it plays nothing again and draws `coin` still; with no
+    task kept the run stops saying which keys to change. curate_k 1 is refused: one episode cannot
+    be both solved and failed."""
+    import config
+    tasks = tmp_path / "tasks"
+    _harbor_task(tasks, "coin", "echo $((RANDOM % 2)) > /logs/verifier/reward.txt")  # 16 alike: 2^-15
+    _harbor_task(tasks, "never", "echo 0 > /logs/verifier/reward.txt")
+    out = tmp_path / "run"
+    sets = ["model.build_tiny=false", f"model.path={tiny_model_dir}", "engine.kind=hf", "sft.steps=0",
+            f"data.train_tasks={tasks}", "data.eval_tasks=", "train.tasks_per_step=2", "train.group_size=1",
+            "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "checkpoint.every=1", "plot=false",
+            "tensorboard=false", "train.curate_k=16"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+    def run(out, steps, *extra):
+        cmd = [sys.executable, "train.py", "--config", "configs/tiny.yaml", *extra] + sum(
+            (["--set", o] for o in sets + [f"out_dir={out}", f"train.steps={steps}"]), [])
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+    def records(out, phase):
+        return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                if r["phase"] == phase]
+
+    p = run(out, 2)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    (curated,) = records(out, "curate")
+    assert (curated["k"], curated["tried"], curated["kept"]) == (16, 2, ["coin"])
+    assert curated["counts"]["never"] == [0, 16] and 0 < curated["counts"]["coin"][0] < 16
+    played = (out / "curate_trajectories.jsonl").read_text().splitlines()
+    assert sorted(json.loads(r)["task_name"] for r in played) == ["coin"] * 16 + ["never"] * 16
+    assert [r["tasks"] for r in records(out, "rl")] == [["coin", "coin"]] * 2
+    p = run(out, 3, "--resume")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert (out / "curate_trajectories.jsonl").read_text().splitlines() == played
+    assert len(records(out, "curate")) == 1
+    assert [r["tasks"] for r in records(out, "rl")] == [["coin", "coin"]] * 3
+    (tasks / "coin").rename(tmp_path / "coin")  # `never` alone: nothing to keep
+    p = run(tmp_path / "none", 1)
+    assert p.returncode == 1 and "raise train.curate_k or train.curate_tasks" in p.stderr, p.stderr[-3000:]
+    with pytest.raises(config.ConfigError, match="train.curate_k is 1"):
+        config.load_config(ROOT / "configs" / "tiny.yaml", ["train.curate_k=1"])
