@@ -549,7 +549,7 @@ def curate(r: Run, policy):
         policy.wake()
         ccfg = dataclasses.replace(r.rcfg, prefill_prob=0.0, group_redundancy=0)
         trajs = rollout.collect(mine, policy, r.env, ccfg, group_size=k, group_id_start=2 * 10 ** 6 + before,
-                                progress=False)
+                                progress=r.rank == 0)  # minutes before RL's own bar starts
         rollout.write_jsonl(trajs, r.out / f"curate_trajectories{f'.rank{r.rank}' * (r.world > 1)}.jsonl")
         mine = [(t.task_name, t.reward > 0) for t in trajs if t.valid]
         kept, counts = difficulty.moderate([o for part in distributed.gather(mine, r.world) for o in part])
