@@ -544,8 +544,9 @@ def curate(r: Run, policy):
     kept = distributed.from_rank0(done[-1] if done else None, r.world)
     if kept is None:
         t0 = time.time()
-        pool = step_tasks(r.rl_tasks, 0, r.cfg.train.curate_tasks or len(r.rl_tasks), r.cfg.seed)
-        mine, before = rank_share(pool, r.rank, r.world)  # RL's own first draws, each task once
+        n = min(r.cfg.train.curate_tasks or len(r.rl_tasks), len(r.rl_tasks))  # RL's first draws, each once
+        pool = step_tasks(r.rl_tasks, 0, n, r.cfg.seed)
+        mine, before = rank_share(pool, r.rank, r.world)
         policy.wake()
         ccfg = dataclasses.replace(r.rcfg, prefill_prob=0.0, group_redundancy=0)
         trajs = rollout.collect(mine, policy, r.env, ccfg, group_size=k, group_id_start=2 * 10 ** 6 + before,
@@ -557,9 +558,8 @@ def curate(r: Run, policy):
             r.log.log({"phase": "curate", "step": 0, "k": k, "tried": len(pool), "kept": kept,
                        "counts": counts, "time/curate": time.time() - t0})
     if not kept:
-        raise SystemExit(f"{r.out}: the start policy solved each task it tried in all {k} episodes or in "
-                         f"none (metrics.jsonl, phase curate), so RL has no task to draw: raise "
-                         f"train.curate_k or train.curate_tasks, or set train.curate_k=0")
+        raise SystemExit(f"{r.out}: no task to draw; the start policy passed each it tried in all {k} tries "
+                         f"or none: raise train.curate_k or train.curate_tasks, or set train.curate_k=0")
     r.rl_tasks = [t for t in r.rl_tasks if t.name in kept]
 
 

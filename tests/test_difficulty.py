@@ -176,7 +176,7 @@ def test_a_curated_run_draws_the_tasks_both_solved_and_failed_and_resumes_on_its
     sets = ["model.build_tiny=false", f"model.path={tiny_model_dir}", "engine.kind=hf", "sft.steps=0",
             f"data.train_tasks={tasks}", "data.eval_tasks=", "train.tasks_per_step=2", "train.group_size=1",
             "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "checkpoint.every=1", "plot=false",
-            "tensorboard=false", "train.curate_k=16"]
+            "tensorboard=false", "train.curate_k=16", "train.curate_tasks=5"]  # more than there are
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
     def run(out, steps, *extra):
