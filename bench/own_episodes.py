@@ -62,14 +62,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="RL run directories with a trajectories.jsonl")
     ap.add_argument("--window", type=int, default=10, help="RL steps a column sums over")
+    ap.add_argument("--log", default="trajectories.jsonl",
+                    help="the run's episodes to read: curate_trajectories.jsonl for its start policy's "
+                         "curation (train.curate_k), one group a task")
     args = ap.parse_args(argv)
     if args.window < 1:
         raise SystemExit(f"--window {args.window}: it must be 1 or more RL steps")
     for run in args.runs:
-        path = run / "trajectories.jsonl"
+        path = run / args.log
         if not path.exists():
-            raise SystemExit(f"{path}: not there; an RL run writes it (train.steps > 0), "
-                             f"an SFT-only run does not")
+            raise SystemExit(f"{path}: not there; an RL run writes trajectories.jsonl (train.steps > 0) "
+                             f"and, with train.curate_k, curate_trajectories.jsonl; an SFT-only run neither")
         rows = [json.loads(line) for line in path.open()]
         got = windows(rows, args.window)
         cols = [f"step {a}" if a == b else f"steps {a}-{b}" for a, b in got]

@@ -211,6 +211,8 @@ def test_own_episodes_counts_a_runs_real_episodes_by_kind_window_and_pick(docker
     assert "| chmod | 3 | 1 | 1 |" in table and "| grep | 2 | 0 | 1 |" in table, table
     with pytest.raises(SystemExit, match="not there"):
         own_episodes.main([str(tmp_path / "sft-only")])
+    with pytest.raises(SystemExit, match="curate_trajectories.jsonl: not there"):  # the log it was told
+        own_episodes.main([str(tmp_path), "--log", "curate_trajectories.jsonl"])
 
 
 def test_pick_probe_scores_the_oracles_own_turn_as_the_trainer_does(docker_env, tiny_model_dir):
