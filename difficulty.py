@@ -96,14 +96,21 @@ class DifficultyFilter:
         self.benched = {k: [tuple(s) for s in v] for k, v in state.get("benched", {}).items()}
 
 
-def moderate(outcomes: list) -> tuple[list, dict]:
-    """(the names of the tasks both solved and failed, in first-seen order; {name: [solved, episodes]})
-    from (task name, solved) per valid episode: the paper's tasks of moderate difficulty, judged by
-    the starting policy's own pass rate (evaluate.curate's filter, here on RL's tasks:
-    train.curate_k). Only there does a group set a success beside a failure of the same task; a
-    task always or never solved gives a successes-only or group-baseline loss nothing to contrast."""
+def pass_counts(outcomes) -> dict:
+    """{task name: [episodes solved, episodes]} from (task name, solved) per valid episode, in
+    first-seen order."""
     counts: dict = {}
     for name, solved in outcomes:
         c = counts.setdefault(name, [0, 0])
         c[0], c[1] = c[0] + bool(solved), c[1] + 1
+    return counts
+
+
+def moderate(outcomes) -> tuple[list, dict]:
+    """(the names of the tasks both solved and failed, in first-seen order; their pass_counts) from
+    (task name, solved) per valid episode: the paper's tasks of moderate difficulty, judged by the
+    starting policy's own pass rate (evaluate.curate's filter, here on RL's tasks: train.curate_k).
+    Only there does a group set a success beside a failure of the same task; a task always or never
+    solved gives a successes-only or group-baseline loss nothing to contrast."""
+    counts = pass_counts(outcomes)
     return [n for n, (s, k) in counts.items() if 0 < s < k], counts

@@ -519,11 +519,8 @@ def heldout_eval(r: Run, policy, step: int) -> tuple[float, float]:
     valid = [t for t in trajs if t.valid]
     succ = distributed.all_mean([sum(t.reward > 0 for t in valid) / max(1, len(valid))], r.world,
                                 len(valid))[0]
-    counts = {}  # task -> [passed, valid episodes], every rank's
-    for part in distributed.gather([(t.task_name, t.reward > 0) for t in valid], r.world):
-        for name, ok in part:
-            c = counts.setdefault(name, [0, 0])
-            c[0], c[1] = c[0] + ok, c[1] + 1
+    outcomes = [(t.task_name, t.reward > 0) for t in valid]
+    counts = difficulty.pass_counts(o for part in distributed.gather(outcomes, r.world) for o in part)
     low, high = task_mean_ci(list(counts.values()))
     rollout.write_jsonl(trajs, r.out / (f"eval_trajectories.rank{r.rank}.jsonl" if r.world > 1
                                         else "eval_trajectories.jsonl"))
@@ -552,8 +549,8 @@ def curate(r: Run, policy):
         trajs = rollout.collect(mine, policy, r.env, ccfg, group_size=k, group_id_start=2 * 10 ** 6 + before,
                                 progress=r.rank == 0)  # minutes before RL's own bar starts
         rollout.write_jsonl(trajs, r.out / f"curate_trajectories{f'.rank{r.rank}' * (r.world > 1)}.jsonl")
-        mine = [(t.task_name, t.reward > 0) for t in trajs if t.valid]
-        kept, counts = difficulty.moderate([o for part in distributed.gather(mine, r.world) for o in part])
+        outcomes = [(t.task_name, t.reward > 0) for t in trajs if t.valid]
+        kept, counts = difficulty.moderate(o for part in distributed.gather(outcomes, r.world) for o in part)
         if r.rank == 0:
             r.log.log({"phase": "curate", "step": 0, "k": k, "tried": len(pool), "kept": kept,
                        "counts": counts, "time/curate": time.time() - t0})
