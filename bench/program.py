@@ -24,12 +24,12 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    (MODELS: 60, 150 and 250 steps): whether SFT leaves it failures on the train tasks, where RL's
    reward comes from, and whether RL adds where SmolLM2's seed-0 rows in docs/results.md show it
    does not; then, seed 0, from its plateau, its published IPA and IPA from successes alone on the
-   rl split, and the latter on the rl tasks its start both passes and fails (train.curate_k), against
-   SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit), and the
-   published IPA on the train split with its control (runs/compare-gemma3-multistep-recipes),
-   after its best seed-0 recipe on seeds 0 1 2 (runs/compare-gemma3-multistep-headline), each seed
-   with the control on the split that recipe draws (control_split), and that recipe's one-key rows
-   (as in 5) on seed 0, then seeds 1 2 (runs/compare-gemma3-multistep-onekey).
+   rl split, and the latter on the rl tasks its start both passes and fails (train.curate_k),
+   against SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit); its best seed-0
+   recipe on seeds 0 1 2 (runs/compare-gemma3-multistep-headline), each seed with the control on
+   the split that recipe draws (control_split); that recipe's one-key rows (as in 5) on seed 0,
+   then seeds 1 2 (runs/compare-gemma3-multistep-onekey); then the published IPA on the train
+   split with its control (runs/compare-gemma3-multistep-recipes).
 4. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
    CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-recipes): IPA as
    the paper gives it (configs/smollm2-multistep-ipa.yaml), a 5x lr, the CPU configs'
