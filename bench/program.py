@@ -200,7 +200,10 @@ def recipe_variant(recipe: str, change: str = "", keys: list = ()) -> list:
     """The --variant argument of a recipe (its keys on top of "ipa", the config's IPA), or of its
     one-key variant recipe-change with `keys` on top."""
     name = f"{recipe}-{change}" if change else recipe
-    return ["--variant", f"{name}=" + ",".join(VARIANTS["ipa"] + RECIPES[recipe] + list(keys))]
+    # a key set again later keeps its first place and takes the later value: the logged command shows
+    # each key once, at the value the run uses
+    sets = {kv.split("=", 1)[0]: kv for kv in VARIANTS["ipa"] + RECIPES[recipe] + list(keys)}
+    return ["--variant", f"{name}=" + ",".join(sets.values())]
 
 
 def compare(out: str, seeds: list, variants: list, extra: list = (),

@@ -57,6 +57,9 @@ def test_the_programs_one_key_rows_differ_from_its_headline_recipe_in_one_key(re
     args = compare_algos.parse_args(program.onekey(["0"], recipe))
     names, variants, reference = compare_algos.pick_variants(args)
     assert reference == recipe and names[0] == recipe and len([n for n in names if n.startswith("grpo")]) == 3
+    for text in args.variant:  # each key once: a reader of the logged command sees the value used
+        keys = [kv.split("=", 1)[0] for kv in compare_algos.parse_variant(text)[1]]
+        assert len(keys) == len(set(keys)), text
     ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
     used = {n: resolved(config.load_config(ipa, variants[n] + [f"run_name={n}"])) for n in names[:3]}
     assert diff_lines(used, recipe)[1:] == [
