@@ -17,7 +17,8 @@ Each variant is `--set` overrides on top of --config: a built-in one (VARIANTS) 
 tasks, eval) is the config's, identical across variants. The table ends with a line per variant
 naming the keys where it differs from the reference (`--reference`, default the first variant).
 Seeds run in increasing order, and within a seed: its SFT run, the variants in the order given,
-then the control; so a comparison stopped early has whole seeds.
+then the control; so a comparison stopped early has whole seeds. The table and PNG are rewritten
+as each run finishes (a seed not run yet reads -), so a long comparison shows what has landed.
 
 Branching (when the config has SFT, sft.steps > 0): SFT runs once a seed, as run_name
 <run_name>-sft<sft.steps>-seed<S> with train.steps=0 (its step-0 eval is the SFT-only policy's).
@@ -333,6 +334,18 @@ def main(argv=None):
     control = f"sft-more {args.sft_more}{on}"
     finals = {**({"SFT-only": {}} if branching else {}), **{n: {} for n in names},
               **({control: {}} if args.sft_more else {})}
+    for name in names:  # a bad override fails here, before any run
+        try:
+            used[name] = resolved(config.load_config(args.config, args.set + variants[name]))
+        except config.ConfigError as e:
+            raise SystemExit(f"variant {name}: {e}")
+
+    def finished(row: str, seed: int, run_dir: Path):
+        """A run's final eval into its row, and the tables rewritten: they grow as runs finish, so a
+        program of many hours shows what has landed (its later seeds' cells read -)."""
+        finals[row][seed] = final_eval(run_dir)
+        write_tables(args, out, seeds, curves, used, finals, reference, control, quiet=True)
+
     for seed in seeds:
         sft_dir = None
         if branching:  # the seed's one SFT, and its SFT-only policy's eval (train.steps=0: the step-0 eval)
@@ -341,15 +354,11 @@ def main(argv=None):
             sft_dir = ROOT / config.load_config(args.config, sets).out_dir
             if not (args.no_run and run_action(sft_dir, 0) != "summarise"):  # --no-run: the row only if there
                 train(sets, args.config, sft_dir, 0, args.no_run)
-                finals["SFT-only"][seed] = final_eval(sft_dir)
+                finished("SFT-only", seed, sft_dir)
         for name in names:
             # the run's own keys go last: the variant's keys and the seed are what differ
             sets = args.set + variants[name] + [f"seed={seed}", f"run_name={base.run_name}-{name}-seed{seed}"]
-            try:
-                cfg = config.load_config(args.config, sets)  # a bad override fails here, before any run
-            except config.ConfigError as e:
-                raise SystemExit(f"variant {name}: {e}")
-            used.setdefault(name, resolved(cfg))
+            cfg = config.load_config(args.config, sets)
             run_dir = ROOT / cfg.out_dir
             train(sets, args.config, run_dir, cfg.train.steps, args.no_run, sft_dir)
             evals = held_out(run_dir)["evals"]
@@ -357,12 +366,12 @@ def main(argv=None):
                 raise SystemExit(f"{run_dir}: no eval logged (set eval.every or eval.at_start, "
                                  f"and data.eval_tasks)")
             curves[name].append(evals)
-            finals[name][seed] = final_eval(run_dir)
+            finished(name, seed, run_dir)
         if args.sft_more:
             sets = control_sets(args, base.run_name, seed, sft_dir)
             run_dir = ROOT / config.load_config(args.config, sets).out_dir
             train(sets, args.config, run_dir, 0, args.no_run)
-            finals[control][seed] = final_eval(run_dir)
+            finished(control, seed, run_dir)
     write_tables(args, out, seeds, curves, used, finals, reference, control)
 
 
@@ -401,15 +410,16 @@ def pick_variants(args) -> tuple[list, dict, str]:
 
 
 def write_tables(args, out: Path, seeds: list, curves: dict, used: dict, finals: dict, reference: str,
-                 control: str):
-    """compare.md (printed too) and compare.png."""
+                 control: str, quiet: bool = False):
+    """compare.md (printed too, unless quiet) and compare.png."""
     out.mkdir(parents=True, exist_ok=True)
-    finals = {name: runs for name, runs in finals.items() if runs}  # --no-run: an SFT run not there
+    finals = {name: runs for name, runs in finals.items() if runs}  # a row none of whose runs is there
+    curves = {name: runs for name, runs in curves.items() if runs}
     differ = sorted({k for diffs in differences(used, reference).values() for k, _, _ in diffs})
     md = [f"Held-out success (mean ± sd over seeds {seeds}) by RL step; config {args.config}"
           + (f" with {' '.join(args.set)}" if args.set else "") + ".", "", table(curves), "",
           "At each row's final eval (SFT-only: the seed's SFT run at step 0; the differences are paired by "
-          "seed, in points):", "", final_table(finals, seeds, reference), "",
+          "seed, in points):", "", final_table(finals, seeds, reference if reference in finals else None), "",
           f"Where each variant differs from {reference}:", "", *diff_lines(used, reference),
           *([f"- **{control}**: {args.sft_more} more SFT steps from the seed's SFT-only checkpoint, no RL"
              + ("" if args.sft_more_split == "train" else f", on the {args.sft_more_split} split's oracles")]
@@ -420,9 +430,9 @@ def write_tables(args, out: Path, seeds: list, curves: dict, used: dict, finals:
         md += [f"| {k} | " + " | ".join(str(u.get(k)) for u in used.values()) + " |" for k in differ]
     text = "\n".join(md) + "\n"
     (out / "compare.md").write_text(text)
-    print("\n" + text)
-    print(plot(curves, out / "compare.png"))
-    print(f"table: {out / 'compare.md'}")
+    drawn = plot(curves, out / "compare.png")
+    if not quiet:
+        print("\n" + text + "\n" + drawn + f"\ntable: {out / 'compare.md'}")
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(
     control's SFT, then started again with the same command: every run finishes, the SFT run is not
     run again (its logs and summary untouched), each variant's step-0 weights are the SFT run's
     step-0 weights and its logs start with the SFT's records, RL moved them from there, and the
-    control starts from the same checkpoint."""
+    control starts from the same checkpoint. The table holds each run as it finishes."""
     from safetensors.torch import load_file
     model = tmp_path / "tiny"
     shutil.copytree(tiny_model_dir, model)
@@ -260,6 +260,8 @@ def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(
         sft_summary = (sft / "summary.txt").stat().st_mtime_ns
         killed_once(lambda: (more / "metrics.jsonl").exists())
         assert not (more / "summary.txt").exists()
+        table = (runs / f"compare-{name}" / "compare.md").read_text()  # written as each run finished
+        assert "| ipa-token |" in table and "| sft-more 2 |" not in table, table
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         assert f"{sft}: finished, summarised" in done.stdout and f"{ipa}: finished, summarised" in done.stdout
