@@ -186,7 +186,7 @@ def held_recipes() -> list:
 
 def best_recipe(prefix: str = "smollm2-multistep") -> str:
     """The recipe whose seed-0 run of the model ended with the best held-out success; "ipa" on a
-    tie or before any has finished."""
+    tie or before any has finished; on a tie without it, the one RECIPES lists first."""
     got = finished_success({name: f"{prefix}-{name}-seed0" for name in RECIPES}, RL_STEPS)
     if not got:
         return "ipa"
