@@ -259,6 +259,8 @@ def table(curves: dict) -> str:
 
 def plot(curves: dict, out: Path) -> str:
     """Mean held-out success per variant with a ±1 sd band and each seed's curve faint."""
+    if not curves:  # the tables rewritten after a seed's SFT run, before any variant's
+        return "no PNG yet: no variant's run has finished"
     try:
         import matplotlib
         matplotlib.use("Agg")
