@@ -193,6 +193,10 @@ def test_no_run_summarises_finished_runs_in_a_stable_order(capsys):
         with pytest.raises(SystemExit, match="unfinished"):
             compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0",
                                 "--set", f"run_name={name}", "--set", "train.steps=2", "--variants", "ipa"])
+        with pytest.raises(SystemExit, match="variant mine: .*rollout.top_p"):  # before ipa's unfinished run
+            compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0",
+                                "--set", f"run_name={name}", "--set", "train.steps=2",
+                                "--variants", "ipa", "mine", "--variant", "mine=rollout.top_p=2"])
         with pytest.raises(SystemExit, match="unknown variant 'nope'"):
             compare_algos.main(["--config", str(TINY), "--no-run", "--variants", "nope"])
         with pytest.raises(SystemExit, match="name is taken"):
