@@ -164,16 +164,17 @@ def branch(sft_dir: Path, run_dir: Path):
     os.rename(tmp, run_dir)
 
 
-def train(sets: list, config_path: str, run_dir: Path, steps: int, no_run: bool, sft_dir: Path | None = None):
+def train(sets: list, config_path: str, run_dir: Path, steps: int, no_run: bool,
+          sft_dir: Path | None = None) -> bool:
     """Bring one run to its end: summarise a finished one, resume a stopped one, branch a missing
-    one from sft_dir's SFT-only start (when given) or run it."""
+    one from sft_dir's SFT-only start (when given) or run it. Whether it trained."""
     action = run_action(run_dir, steps)
     if action != "summarise" and no_run:
         raise SystemExit(f"{run_dir}: {'not there' if action == 'run' else 'unfinished'}: "
                          f"run without --no-run first")
     if action == "summarise":
         print(f"{run_dir}: finished, summarised", flush=True)
-        return
+        return False
     if action == "run" and sft_dir is not None:
         if run_dir.exists():  # only a lock: no run was written yet
             shutil.rmtree(run_dir)
@@ -184,6 +185,7 @@ def train(sets: list, config_path: str, run_dir: Path, steps: int, no_run: bool,
         a for kv in sets for a in ("--set", kv)] + (["--resume"] if action == "resume" else [])
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT)
+    return True
 
 
 def final_eval(run_dir: Path) -> dict:
@@ -342,11 +344,13 @@ def main(argv=None):
         except config.ConfigError as e:
             raise SystemExit(f"variant {name}: {e}")
 
-    def finished(row: str, seed: int, run_dir: Path):
-        """A run's final eval into its row, and the tables rewritten: they grow as runs finish, so a
-        program of many hours shows what has landed (its later seeds' cells read -)."""
+    def finished(row: str, seed: int, run_dir: Path, trained: bool):
+        """A run's final eval into its row, and after a run that trained the tables rewritten: they
+        grow as runs finish, so a program of many hours shows what has landed (its later seeds'
+        cells read -); runs only summarised leave that to the end."""
         finals[row][seed] = final_eval(run_dir)
-        write_tables(args, out, seeds, curves, used, finals, reference, control, quiet=True)
+        if trained:
+            write_tables(args, out, seeds, curves, used, finals, reference, control, quiet=True)
 
     for seed in seeds:
         sft_dir = None
@@ -355,25 +359,23 @@ def main(argv=None):
                                f"run_name={base.run_name}-sft{base.sft.steps}-seed{seed}"]
             sft_dir = ROOT / config.load_config(args.config, sets).out_dir
             if not (args.no_run and run_action(sft_dir, 0) != "summarise"):  # --no-run: the row only if there
-                train(sets, args.config, sft_dir, 0, args.no_run)
-                finished("SFT-only", seed, sft_dir)
+                finished("SFT-only", seed, sft_dir, train(sets, args.config, sft_dir, 0, args.no_run))
         for name in names:
             # the run's own keys go last: the variant's keys and the seed are what differ
             sets = args.set + variants[name] + [f"seed={seed}", f"run_name={base.run_name}-{name}-seed{seed}"]
             cfg = config.load_config(args.config, sets)
             run_dir = ROOT / cfg.out_dir
-            train(sets, args.config, run_dir, cfg.train.steps, args.no_run, sft_dir)
+            trained = train(sets, args.config, run_dir, cfg.train.steps, args.no_run, sft_dir)
             evals = held_out(run_dir)["evals"]
             if not evals:
                 raise SystemExit(f"{run_dir}: no eval logged (set eval.every or eval.at_start, "
                                  f"and data.eval_tasks)")
             curves[name].append(evals)
-            finished(name, seed, run_dir)
+            finished(name, seed, run_dir, trained)
         if args.sft_more:
             sets = control_sets(args, base.run_name, seed, sft_dir)
             run_dir = ROOT / config.load_config(args.config, sets).out_dir
-            train(sets, args.config, run_dir, 0, args.no_run)
-            finished(control, seed, run_dir)
+            finished(control, seed, run_dir, train(sets, args.config, run_dir, 0, args.no_run))
     write_tables(args, out, seeds, curves, used, finals, reference, control)
 
 
