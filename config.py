@@ -149,6 +149,12 @@ class TrainConfig:
     #                                                          data.generated_kinds: rollouts spent where the
     #                                                          policy still fails, held-out keeps every kind
     #                                                          (test_train.py::test_sft_and_rl_take_*)
+    draw_by_kind: bool = False                               # RL's draw takes the tasks' kinds in turn, so
+    #                                                          each is met every len(kinds) tasks: a kind a
+    #                                                          plain draw leaves out for many steps can
+    #                                                          drift unseen, and successes-only reward
+    #                                                          cannot repair a kind once it fails whole
+    #                                                          (difficulty.step_tasks)
     filter_window: Annotated[int, ">= 0"] = 0                # online difficulty filtering (difficulty.py): a
     #                                                          task whose latest this many episodes were all
     #                                                          solved or all failed sits out, so rollouts go

@@ -1,4 +1,5 @@
-"""Which tasks an RL step draws: the seeded data order, and online difficulty filtering.
+"""Which tasks an RL step draws: the seeded data order (plain, or kind by kind), and online
+difficulty filtering.
 
 A group whose episodes all got the same reward carries no signal for a group-baseline loss
 (GRPO's r − mean is 0 on every row), and a task the policy never solves gives IPA's T+ term
@@ -14,14 +15,27 @@ resumed run draws what an unbroken one would (tests/test_difficulty.py).
 import random
 
 
-def step_tasks(tasks: list, step: int, n: int, seed: int) -> list:
-    """Tasks for RL step `step`: the next n of a stream of per-epoch seeded permutations of `tasks`."""
-    out = []
-    for i in range(step * n, (step + 1) * n):
-        epoch, j = divmod(i, len(tasks))
-        perm = random.Random(f"{seed}-{epoch}").sample(range(len(tasks)), len(tasks))
-        out.append(tasks[perm[j]])
-    return out
+def step_tasks(tasks: list, step: int, n: int, seed: int, by_kind: bool = False) -> list:
+    """Tasks for RL step `step`: the next n of a stream of per-epoch seeded permutations of `tasks`.
+    by_kind (train.draw_by_kind): the stream takes the tasks' kinds (metadata "kind") in turn, in
+    one seeded order, each kind's next task from its own such stream; every kind is then drawn once
+    in every len(kinds) draws, where a plain permutation can leave a kind out for many steps and
+    the policy drift on it unseen (tests/test_difficulty.py::test_a_draw_by_kind_*). Tasks of one
+    kind draw as plainly."""
+    kinds: dict = {}
+    for t in tasks:
+        kinds.setdefault(t.metadata.get("kind", "") if by_kind else "", []).append(t)
+    if len(kinds) == 1:
+        return [_nth(tasks, i, seed) for i in range(step * n, (step + 1) * n)]
+    order = random.Random(f"{seed}-kinds").sample(sorted(kinds), len(kinds))
+    return [_nth(kinds[order[k]], c, f"{seed}-{order[k]}")
+            for c, k in (divmod(i, len(order)) for i in range(step * n, (step + 1) * n))]
+
+
+def _nth(tasks: list, i: int, seed) -> object:
+    """The i-th task of the stream of per-epoch seeded permutations of `tasks`."""
+    epoch, j = divmod(i, len(tasks))
+    return tasks[random.Random(f"{seed}-{epoch}").sample(range(len(tasks)), len(tasks))[j]]
 
 
 def zero_adv_frac(outcomes: list, baseline: str) -> float:
@@ -49,10 +63,10 @@ class DifficultyFilter:
     `lag` is how many steps ahead of the trainer the rollouts are drawn (train.mode async: its
     max_staleness; sync: 0): a draw for step s reads only decisions of steps <= s-1-lag, the ones
     the trainer has surely recorded by then, so async draws are as deterministic as sync ones.
-    window 0 = off: nothing is ever benched and the draw is step_tasks' own."""
+    window 0 = off: nothing is ever benched and the draw is step_tasks' own; by_kind is its by_kind."""
 
-    def __init__(self, window: int, sit_out: int, lag: int = 0):
-        self.window, self.sit_out, self.lag = window, sit_out, lag
+    def __init__(self, window: int, sit_out: int, lag: int = 0, by_kind: bool = False):
+        self.window, self.sit_out, self.lag, self.by_kind = window, sit_out, lag, by_kind
         self.recent: dict[str, list[int]] = {}                 # task name -> latest outcomes, oldest first
         self.benched: dict[str, list[tuple[int, int]]] = {}    # task name -> [(step d, out through step)]
 
@@ -67,7 +81,7 @@ class DifficultyFilter:
         of them). The epoch stream of step_tasks runs over the tasks not sitting out."""
         out = self.sitting_out(step) if self.window else set()
         eligible = [t for t in tasks if t.name not in out]
-        return step_tasks(eligible or tasks, step, n, seed), len(out), not eligible
+        return step_tasks(eligible or tasks, step, n, seed, self.by_kind), len(out), not eligible
 
     def record(self, step: int, outcomes: list):
         """Step `step`'s valid episodes, (task name, solved) each, from every rank. Within a step the

@@ -214,7 +214,8 @@ def setup(cfg: Config, resume: bool, restart: bool) -> Run:
     if shards:  # each rank reads its own part of the weights (the optimizer's: rl_optimizer)
         distributed.load_shards(shards, model, {})
     lag = cfg.train.max_staleness if cfg.train.mode == "async" else 0  # the producer draws that far ahead
-    filt = difficulty.DifficultyFilter(cfg.train.filter_window, cfg.train.filter_sit_out, lag)
+    filt = difficulty.DifficultyFilter(cfg.train.filter_window, cfg.train.filter_sit_out, lag,
+                                      cfg.train.draw_by_kind)
     filt.load(state.get("difficulty", {}))
     splits = {s: split_tasks(cfg, s, train_tasks)  # each split drawn once, when SFT and RL share it
               for s in {cfg.sft.generated_split, cfg.train.generated_split}}

@@ -27,7 +27,8 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    rl split, and the latter on the rl tasks its start both passes and fails (train.curate_k),
    against SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit); its best seed-0
    recipe on seeds 0 1 2 (runs/compare-gemma3-multistep-headline), each seed with the control on
-   the split that recipe draws (control_split); that recipe's one-key rows (as in 5) on seed 0,
+   the split that recipe draws (control_split); that recipe drawing its tasks kind by kind, seeds
+   0 1 2 (runs/compare-gemma3-multistep-bykind); that recipe's one-key rows (as in 5) on seed 0,
    then seeds 1 2 (runs/compare-gemma3-multistep-onekey); then the published IPA on the train
    split with its control (runs/compare-gemma3-multistep-recipes).
 4. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
@@ -244,6 +245,18 @@ def same_tasks_control(seeds: list, prefix: str = "smollm2-multistep") -> list:
                    + control_split(names[0]), prefix)
 
 
+def by_kind(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep") -> list:
+    """The model's headline recipe against the same with its tasks drawn kind by kind
+    (train.draw_by_kind), each seed's runs and control shared with the headline's: whether a kind RL
+    does not draw for many steps is one it breaks (docs/results.md "The headline recipe on more
+    seeds")."""
+    best = best or best_recipe(prefix)
+    return compare("bykind", seeds, [best, f"{best}-bykind"],
+                   ([] if best == "ipa" else recipe_variant(best))
+                   + recipe_variant(best, "bykind", ["train.draw_by_kind=true"])
+                   + ["--reference", best] + control_split(best), prefix)
+
+
 def onekey(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep") -> list:
     """The model's headline recipe against one key changed: token level, prefilled starts; and GRPO
     (several keys). A one-key variant of a recipe other than "ipa" is named recipe-change."""
@@ -283,6 +296,9 @@ JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     # recipes part ways on seed 0 (the published IPA comes apart, successes alone holds:
     # docs/results.md "Gemma 3 270M")
     ("compare", lambda: headline(SEEDS, prefix=GEMMA), []),
+    # its seed 1 broke a kind its first 10 steps never drew: the same recipe drawing every kind
+    # every few steps, on the same starts (docs/results.md "The headline recipe on more seeds")
+    ("compare", lambda: by_kind(SEEDS, prefix=GEMMA), []),
     # the paper's claims one key at a time there, where a key can take RL apart or not: from
     # Gemma's headline recipe, its seed 0 (GRPO's lrs swept), then seeds 1 2 (GRPO at its best
     # seed-0 lr)

@@ -380,6 +380,31 @@ def test_gemmas_one_key_rows_follow_its_headline_from_its_own_best_recipe_and_gr
     assert compare_algos.pick_variants(seeds)[0] == names[:3] + [f"grpo-lr1e-4{suffix}"]
 
 
+def test_gemmas_by_kind_rows_differ_from_its_headline_in_the_draw_alone(tmp_path, monkeypatch):
+    """Between Gemma's headline and its one-key rows, its headline recipe on seeds 0 1 2 against the
+    same drawing kind by kind: one key apart, the headline's runs, start and control shared."""
+    import program
+    outs = [a.out for a in program_comparisons()]
+    g_bykind = "runs/compare-gemma3-multistep-bykind"
+    assert (outs.index("runs/compare-gemma3-multistep-headline") < outs.index(g_bykind)
+            < outs.index("runs/compare-gemma3-multistep-onekey"))
+    monkeypatch.setattr(program, "ROOT", tmp_path)
+    runs, g = tmp_path / "runs", program.GEMMA
+    _finished(runs / f"{g}-sft250-seed0", 0, {0: 0.85})
+    _finished(runs / f"{g}-ipa-rl-split-successes-seed0", program.RL_STEPS, {0: 0.85, 20: 0.9})
+    args = compare_algos.parse_args(program.by_kind(program.SEEDS, prefix=g))
+    head = compare_algos.parse_args(program.headline(program.SEEDS, prefix=g))
+    names, variants, reference = compare_algos.pick_variants(args)
+    assert names == ["ipa-rl-split-successes", "ipa-rl-split-successes-bykind"] == [reference, names[1]]
+    assert (args.seeds, args.set, args.sft_more, args.sft_more_split) == (
+        head.seeds, head.set, head.sft_more, head.sft_more_split)
+    ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
+    used = {n: resolved(config.load_config(ipa, args.set + variants[n] + [f"run_name={n}"])) for n in names}
+    assert diff_lines(used, reference)[1:] == [
+        "- **ipa-rl-split-successes-bykind**: `train.draw_by_kind` True (ipa-rl-split-successes: False)"]
+    assert variants[names[0]] == compare_algos.pick_variants(head)[1][names[0]]
+
+
 def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch):
     """The program's recipes on seeds 1 2 leave out a recipe whose seed-0 run ended 10 points or more
     below its SFT-only start; one that ended near it, and one not finished, stay."""

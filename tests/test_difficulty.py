@@ -4,6 +4,7 @@ curation before RL step 1 (train.curate_k): which tasks it keeps, and a real run
 and resumed."""
 import json
 import os
+import random
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from difficulty import DifficultyFilter, moderate, step_tasks, zero_adv_frac
+from generated_tasks import generate_multistep_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,6 +66,32 @@ def test_all_sitting_out_falls_back_to_every_task_and_off_is_step_tasks():
     off.record(0, [(t.name, False) for t in TASKS])
     assert off.state() == {"recent": {}, "benched": {}}
     assert all(off.draw(TASKS, s, 3, 1) == (step_tasks(TASKS, s, 3, 1), 0, False) for s in range(6))
+
+
+def test_a_draw_by_kind_meets_every_kind_once_in_every_len_kinds_draws():
+    """train.draw_by_kind on the real multi-step rl split (10 kinds of 9 or 8 tasks): every window
+    of len(kinds) consecutive draws holds each kind once, across step boundaries; each kind's own
+    tasks all come before any comes again; the stream is the seed's, and the difficulty filter's
+    draw keeps it over the tasks not sitting out. A plain draw is unchanged by the key's existence."""
+    tasks = generate_multistep_tasks(83, seed=1, split="rl")
+    kind = {t.name: t.metadata["kind"] for t in tasks}
+    n_kinds = len(set(kind.values()))
+    stream = [t.name for s in range(50) for t in step_tasks(tasks, s, 4, 1, by_kind=True)]
+    assert stream == [t.name for t in step_tasks(tasks, 0, 200, 1, by_kind=True)]  # steps cut one stream
+    for i in range(len(stream) - n_kinds + 1):
+        assert len({kind[name] for name in stream[i:i + n_kinds]}) == n_kinds, i
+    for k in set(kind.values()):
+        mine, size = [n for n in stream if kind[n] == k], sum(v == k for v in kind.values())
+        assert all(len(set(mine[e:e + size])) == len(mine[e:e + size]) for e in range(0, len(mine), size)), k
+    assert stream != [t.name for s in range(50) for t in step_tasks(tasks, s, 4, 2, by_kind=True)]
+    # the plain draw is the per-epoch permutation runs made before the key existed
+    plain = [tasks[random.Random(f"1-{i // 83}").sample(range(83), 83)[i % 83]].name for i in range(200)]
+    assert [t.name for t in step_tasks(tasks, 0, 200, 1)] == plain != stream
+    f = DifficultyFilter(window=1, sit_out=5, by_kind=True)
+    f.record(0, [(t.name, True) for t in tasks if t.metadata["kind"] == "locate"])
+    drawn = [t for s in range(1, 4) for t in f.draw(tasks, s, 9, seed=1)[0]]
+    assert all(len({t.metadata["kind"] for t in drawn[i:i + 9]}) == 9 for i in range(len(drawn) - 8))
+    assert "locate" not in {t.metadata["kind"] for t in drawn}
 
 
 def test_async_lag_reads_only_decisions_the_trainer_has_surely_recorded():

@@ -735,13 +735,14 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model_dir, tmp_pat
 def test_sft_and_rl_take_the_generated_split_their_keys_name(tiny_model_dir, tmp_path):
     """sft.generated_split=rl and train.generated_split=rl: SFT imitates the oracles of the rl
     split's tasks, which share no name, word or number with the train split's
-    (tests/test_multistep.py), and the RL steps draw them, of train.generated_kinds' kinds alone; a
+    (tests/test_multistep.py), and the RL steps draw them, of train.generated_kinds' kinds alone,
+    one of each a step under train.draw_by_kind (a plain draw of this seed gives a step two of one); a
     config that names a split of tasks loaded from folders, or a kind the tasks lack, is refused
     with the key to change."""
     overrides = ["model.build_tiny=false", f"model.path={tiny_model_dir}", f"out_dir={tmp_path / 'run'}",
                  "sft.steps=1", "sft.num_tasks=4", "sft.batch_size=4", "sft.generated_split=rl",
                  "train.generated_split=rl", "train.generated_kinds=[count,copy]", "train.steps=2",
-                 "train.tasks_per_step=2", "train.group_size=1",
+                 "train.tasks_per_step=2", "train.group_size=1", "train.draw_by_kind=true",
                  "rollout.max_turns=2", "eval.at_start=false", "eval.num_tasks=1"]  # the tiny tokenizer
     # spells the rl split's words in pieces (tiny.build_for_tasks): its commands take the config's 64 tokens
     cfg = config.load_config(ROOT / "configs" / "tiny.yaml", overrides)
@@ -758,7 +759,8 @@ def test_sft_and_rl_take_the_generated_split_their_keys_name(tiny_model_dir, tmp
     assert [m["step"] for m in records if m["phase"] == "sft"] == [0]  # on rl oracles that passed
     drawn = [name for m in records if m["phase"] == "rl" for name in m["tasks"]]
     assert len(drawn) == 4 and set(drawn) <= {t.name for t in rl_tasks}, drawn
-    assert {name.rsplit("-", 1)[1] for name in drawn} <= {"count", "copy"}, drawn
+    steps = [sorted(name.rsplit("-", 1)[1] for name in m["tasks"]) for m in records if m["phase"] == "rl"]
+    assert steps == [["copy", "count"]] * 2, steps
     refused = r"'sft.generated_split' is 'rl'.*data.train_tasks=generated"
     with pytest.raises(config.ConfigError, match=refused):
         config.load_config(ROOT / "configs" / "tiny.yaml", ["data.train_tasks=tasks",
