@@ -248,7 +248,7 @@ def same_tasks_control(seeds: list, prefix: str = "smollm2-multistep") -> list:
 def by_kind(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep") -> list:
     """The model's headline recipe against the same with its tasks drawn kind by kind
     (train.draw_by_kind), each seed's runs and control shared with the headline's: whether a kind RL
-    does not draw for many steps is one it breaks (docs/results.md "The headline recipe on more
+    does not draw for many steps is one it breaks (docs/results.md "The headline recipe on three
     seeds")."""
     best = best or best_recipe(prefix)
     return compare("bykind", seeds, [best, f"{best}-bykind"],
@@ -296,8 +296,8 @@ JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     # recipes part ways on seed 0 (the published IPA comes apart, successes alone holds:
     # docs/results.md "Gemma 3 270M")
     ("compare", lambda: headline(SEEDS, prefix=GEMMA), []),
-    # its seed 1 broke a kind its first 10 steps never drew: the same recipe drawing every kind
-    # every few steps, on the same starts (docs/results.md "The headline recipe on more seeds")
+    # its seeds 1 and 2 broke a kind ten of their steps never drew: the same recipe drawing every
+    # kind every few steps, on the same starts (docs/results.md "The headline recipe on three seeds")
     ("compare", lambda: by_kind(SEEDS, prefix=GEMMA), []),
     # the paper's claims one key at a time there, where a key can take RL apart or not: from
     # Gemma's headline recipe, its seed 0 (GRPO's lrs swept), then seeds 1 2 (GRPO at its best
