@@ -154,7 +154,8 @@ class TrainConfig:
     #                                                          plain draw leaves out for many steps can
     #                                                          drift unseen, and successes-only reward
     #                                                          cannot repair a kind once it fails whole
-    #                                                          (difficulty.step_tasks)
+    #                                                          (test_difficulty.py::test_a_draw_by_kind_*,
+    #                                                          test_train.py::test_a_batch_without_signal_*)
     filter_window: Annotated[int, ">= 0"] = 0                # online difficulty filtering (difficulty.py): a
     #                                                          task whose latest this many episodes were all
     #                                                          solved or all failed sits out, so rollouts go

@@ -23,6 +23,7 @@ import learner
 import rundir
 import sft as sftmod
 import train
+from generated_tasks import task_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -759,7 +760,7 @@ def test_sft_and_rl_take_the_generated_split_their_keys_name(tiny_model_dir, tmp
     assert [m["step"] for m in records if m["phase"] == "sft"] == [0]  # on rl oracles that passed
     drawn = [name for m in records if m["phase"] == "rl" for name in m["tasks"]]
     assert len(drawn) == 4 and set(drawn) <= {t.name for t in rl_tasks}, drawn
-    steps = [sorted(name.rsplit("-", 1)[1] for name in m["tasks"]) for m in records if m["phase"] == "rl"]
+    steps = [sorted(task_kind(name) for name in m["tasks"]) for m in records if m["phase"] == "rl"]
     assert steps == [["copy", "count"]] * 2, steps
     refused = r"'sft.generated_split' is 'rl'.*data.train_tasks=generated"
     with pytest.raises(config.ConfigError, match=refused):
