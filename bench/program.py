@@ -7,6 +7,13 @@ compare_algos.run_action's rule. Kill it at any moment and start it again with t
     python bench/program.py --list                                        # the queue, each job's state
     touch runs/program.stop                                               # stop after the current job
 
+The plateau and the best recipe are read from a model's finished seed-0 runs. Where those are gone
+(an emptied runs/) or run on another machine, give the decisions docs/results.md records instead,
+and the jobs to run (their numbers in --list):
+
+    python bench/program.py --plateau gemma3-multistep=250 \\
+        --best gemma3-multistep=ipa-rl-split-successes --jobs 7 8
+
 Run it from a worktree of a fixed commit, so code changed in the main checkout meanwhile does not
 leak into a half-done series (the commit is logged at every start). A second driver on the same
 runs/ is refused (runs/program.lock). A job that fails is logged and left for the next start; the
@@ -47,6 +54,7 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
 """
 import argparse
 import fcntl
+import shlex
 import subprocess
 import sys
 import time
@@ -96,6 +104,11 @@ def sft_job(steps: int, seed: int, prefix: str = "smollm2-multistep") -> tuple:
     return ("train", MODELS[prefix][0], sets)
 
 
+# decisions given on the command line (--plateau, --best), by model: they stand in for the finished
+# seed-0 runs they are otherwise read from (tests/test_compare_algos.py::test_decisions_given_...)
+DECIDED = {"plateau": {}, "best": {}}
+
+
 def finished_success(runs: dict, steps: int) -> dict:
     """{key: final held-out success} of those runs ({key: run name under runs/}) that finished
     their `steps` RL steps."""
@@ -105,6 +118,8 @@ def finished_success(runs: dict, steps: int) -> dict:
 
 def plateau(prefix: str = "smollm2-multistep") -> int:
     """The SFT budget of the model's curve with the best held-out success of its SFT-only policy."""
+    if prefix in DECIDED["plateau"]:
+        return DECIDED["plateau"][prefix]
     got = finished_success({n: f"{prefix}-sft{n}-seed0" for n in MODELS[prefix][1]}, 0)
     if not got:
         log("no SFT curve run finished: the headline starts from the config's 60 SFT steps")
@@ -188,6 +203,8 @@ def held_recipes() -> list:
 def best_recipe(prefix: str = "smollm2-multistep") -> str:
     """The recipe whose seed-0 run of the model ended with the best held-out success; "ipa" on a
     tie or before any has finished; on a tie without it, the one RECIPES lists first."""
+    if prefix in DECIDED["best"]:
+        return DECIDED["best"][prefix]
     got = finished_success({name: f"{prefix}-{name}-seed0" for name in RECIPES}, RL_STEPS)
     if not got:
         return "ipa"
@@ -331,16 +348,45 @@ def train_job(cfg_path: str, sets: list) -> tuple[str, list | None]:
     return f"{cfg.out_dir}: {action}", cmd + (["--resume"] if action == "resume" else [])
 
 
+def decision(ap: argparse.ArgumentParser, flag: str, given: str) -> tuple:
+    """(model, value) of a --plateau MODEL=STEPS (one of the model's SFT curve budgets) or --best
+    MODEL=RECIPE (one of RECIPES), or an argparse error naming what is wrong and what it takes."""
+    model, _, value = given.partition("=")
+    if model not in MODELS:
+        ap.error(f"{flag} {given}: the model before '=' is one of {', '.join(MODELS)}")
+    choices = MODELS[model][1] if flag == "--plateau" else list(RECIPES)
+    value = int(value) if flag == "--plateau" and value.isdigit() else value
+    if value not in choices:
+        ap.error(f"{flag} {given}: after '{model}=' comes one of {', '.join(map(str, choices))}")
+    return model, value
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--list", action="store_true", help="print the queue and each job's state; run nothing")
+    ap.add_argument("--plateau", action="append", default=[], metavar="MODEL=STEPS",
+                    help="the model's SFT budget for its RL rows, in place of its seed-0 SFT curve's best")
+    ap.add_argument("--best", action="append", default=[], metavar="MODEL=RECIPE",
+                    help="the model's headline recipe, in place of its recipes' best seed-0 run")
+    ap.add_argument("--jobs", type=int, nargs="+", metavar="I",
+                    help="run (or --list) only these jobs, by their numbers in --list")
     args = ap.parse_args(argv)
+    for flag, given in [("--plateau", args.plateau), ("--best", args.best)]:
+        for g in given:
+            model, value = decision(ap, flag, g)
+            DECIDED[flag.removeprefix("--")][model] = value
+    wanted = set(args.jobs or range(len(JOBS)))
+    if wanted - set(range(len(JOBS))):
+        ap.error(f"--jobs {shlex.join(map(str, args.jobs))}: the jobs are numbered 0 to {len(JOBS) - 1}"
+                 " (--list)")
     runs = ROOT / "runs"
     runs.mkdir(exist_ok=True)
     if args.list:
         for i, (kind, what, sets) in enumerate(JOBS):
+            if i not in wanted:
+                continue
             print(f"{i}: " + (train_job(what, sets)[0] if kind == "train"
-                             else "compare_algos.py " + " ".join(what())))
+                             else "compare_algos.py " + shlex.join(what())))
         return
     lock = open(runs / "program.lock", "w")
     try:
@@ -349,9 +395,12 @@ def main(argv=None):
         raise SystemExit(f"another driver holds {runs / 'program.lock'}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    log(f"driver start: {ROOT} at {commit}, {len(JOBS)} jobs")
+    log(f"driver start: {ROOT} at {commit}, jobs {' '.join(map(str, sorted(wanted)))} of {len(JOBS)}"
+        + "".join(f"; {what} {m}: {v} (given)" for what, got in DECIDED.items() for m, v in got.items()))
     failed = 0
     for i, (kind, what, sets) in enumerate(JOBS):
+        if i not in wanted:
+            continue
         if (runs / "program.stop").exists():
             log("runs/program.stop is there: stopping before the next job (remove it to go on)")
             break
@@ -366,7 +415,7 @@ def main(argv=None):
         out = runs / "program.d" / (next((s.split("=", 1)[1] for s in sets if s.startswith("run_name=")),
                                          f"job{i}") + ".log")
         out.parent.mkdir(exist_ok=True)
-        log(state + f": $ {' '.join(cmd)}  (output: {out})")
+        log(state + f": $ {shlex.join(cmd)}  (output: {out})")
         t0 = time.time()
         with open(out, "a") as f:
             rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode

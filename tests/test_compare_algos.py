@@ -4,6 +4,7 @@ directories in a stable order, the final table's paired intervals, and (slow) a 
 killed twice and resumed, its variants branched from one SFT checkpoint."""
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -421,3 +422,37 @@ def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch)
     assert set(program.RECIPES) - set(kept) == {"ipa-rl-kinds"}
     names = compare_algos.pick_variants(compare_algos.parse_args(program.recipes(["1", "2"], kept)))[0]
     assert names == kept
+
+
+def test_decisions_given_on_the_command_line_stand_in_for_the_runs_they_are_read_from(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """On an empty runs/, the program's own example (its docstring) lists Gemma's by-kind and seed-0
+    one-key jobs from the plateau and recipe it gives; without them, from the config's 60 SFT steps
+    and the published IPA. A model, budget, recipe or job it does not know is refused, naming what
+    it takes."""
+    import program
+    monkeypatch.setattr(program, "ROOT", tmp_path)
+
+    def listed(argv: list) -> list:
+        monkeypatch.setattr(program, "DECIDED", {"plateau": {}, "best": {}})
+        program.main(["--list", *argv])
+        return [compare_algos.parse_args(shlex.split(line.split("compare_algos.py ", 1)[1]))
+                for line in capsys.readouterr().out.splitlines() if "compare_algos.py " in line]
+
+    doc = program.__doc__.replace("\\\n", " ")  # the example's continued line, as a shell reads it
+    (example,) = [shlex.split(line.split("program.py", 1)[1]) for line in doc.splitlines()
+                  if "python bench/program.py --plateau" in line]
+    g = f"runs/compare-{program.GEMMA}"
+    for argv, steps, best in [(example, 250, "ipa-rl-split-successes"), (["--jobs", "7", "8"], 60, "ipa")]:
+        jobs = listed(argv)
+        assert [a.out for a in jobs] == [f"{g}-bykind", f"{g}-onekey"], argv
+        for args in jobs:
+            assert f"sft.steps={steps}" in args.set and "model.path=out/gemma3-270m" in args.set
+            assert compare_algos.pick_variants(args)[0][0] == best
+    for bad, says in [(["--plateau", "gemma3-multistep=100"], "one of 60, 150, 250"),
+                      (["--best", "qwen=ipa"], "one of smollm2-multistep, gemma3-multistep"),
+                      (["--best", "gemma3-multistep=grpo"], "ipa-rl-split-successes"),
+                      (["--jobs", "3", "99"], f"numbered 0 to {len(program.JOBS) - 1}")]:
+        with pytest.raises(SystemExit):
+            listed(bad)
+        assert says in capsys.readouterr().err, bad
