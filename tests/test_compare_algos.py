@@ -93,6 +93,8 @@ def test_the_programs_recipes_differ_from_the_published_ipa_in_their_own_keys():
         "(ipa: train)",
         "- **ipa-rl-split-curated**: `algo.negative_reward` 0.0 (ipa: -1.0); `train.curate_k` 8 (ipa: 0); "
         "`train.curate_tasks` 160 (ipa: 0); `train.generated_split` rl (ipa: train)",
+        "- **ipa-rl-split-successes-bykind**: `algo.negative_reward` 0.0 (ipa: -1.0); `train.draw_by_kind` "
+        "True (ipa: False); `train.generated_split` rl (ipa: train)",
         "- **ipa-rl-kinds**: `train.generated_kinds` ['config', 'crlf', 'longest'] (ipa: []); "
         "`train.generated_split` rl (ipa: train)",
         "- **ipa-rl-kinds-rloo**: `algo.baseline` rloo (ipa: none); `train.generated_kinds` ['config', "
@@ -405,6 +407,34 @@ def test_gemmas_by_kind_rows_differ_from_its_headline_in_the_draw_alone(tmp_path
         "- **ipa-rl-split-successes-bykind**: `train.draw_by_kind` True (ipa-rl-split-successes: False)"]
     assert variants[names[0]] == compare_algos.pick_variants(head)[1][names[0]]
 
+
+
+def test_a_by_kind_headline_is_the_one_key_reference_its_by_kind_runs_and_grpo_drawing_as_it_does(tmp_path,
+                                                                                                  monkeypatch):
+    """With Gemma's headline recipe drawing kind by kind, its one-key rows take the by-kind job's
+    runs (the same name and keys) as their reference, each row differs from it in its one key, and
+    GRPO draws the tasks as it does; its by-kind job stays the plain draw against the by-kind one."""
+    import program
+    monkeypatch.setattr(program, "ROOT", tmp_path)
+    g, plain = program.GEMMA, "ipa-rl-split-successes"
+    best = f"{plain}-bykind"
+    assert program.by_kind(program.SEEDS, best, g) == program.by_kind(program.SEEDS, plain, g)
+    by_kind = compare_algos.parse_args(program.by_kind(["0"], plain, g))
+    by_kind_variants = compare_algos.pick_variants(by_kind)[1]
+    args = compare_algos.parse_args(program.onekey(["0"], best, g))
+    names, variants, reference = compare_algos.pick_variants(args)
+    assert reference == best and variants[best] == by_kind_variants[best]
+    assert names == [best, f"{best}-token", f"{best}-prefill", "grpo-lr5e-6-rl-split-successes-bykind",
+                     "grpo-rl-split-successes-bykind", "grpo-lr1e-4-rl-split-successes-bykind"]
+    ipa = ROOT / "configs" / "smollm2-multistep-ipa.yaml"
+    used = {n: resolved(config.load_config(ipa, args.set + variants[n] + [f"run_name={n}"])) for n in names}
+    assert diff_lines(used, best)[1:3] == [
+        f"- **{best}-token**: `algo.level` token ({best}: chunk)",
+        f"- **{best}-prefill**: `rollout.prefill_prob` 0.5 ({best}: 0.0)"]
+    for n in names[3:]:
+        assert used[n]["train.draw_by_kind"] and used[n]["train.generated_split"] == "rl", n
+        assert used[n]["algo.loss"] == "ppo", n
+    assert args.sft_more_split == "rl"
 
 def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch):
     """The program's recipes on seeds 1 2 leave out a recipe whose seed-0 run ended 10 points or more
