@@ -174,8 +174,8 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
     "ipa-rl-split-curated": ["train.generated_split=rl", "algo.negative_reward=0.0", "train.curate_k=8",
                              "train.curate_tasks=160"],
     # the same drawing its tasks kind by kind, each kind once in every ten draws: under the plain
-    # draw a kind left out for ten steps broke on 2 of 3 seeds (docs/results.md "The headline recipe
-    # on three seeds"). by_kind runs it beside the plain draw, under this name
+    # draw a kind left out for ten steps broke from 2 of the headline's 3 starts (docs/results.md
+    # "The headline recipe on three seeds"). by_kind runs it beside the plain draw, under this name
     "ipa-rl-split-successes-bykind": ["train.generated_split=rl", "algo.negative_reward=0.0",
                                       "train.draw_by_kind=true"],
     "ipa-rl-kinds": RL_KINDS,
@@ -384,7 +384,7 @@ def main(argv=None):
             DECIDED[flag.removeprefix("--")][model] = value
     wanted = set(args.jobs or range(len(JOBS)))
     if wanted - set(range(len(JOBS))):
-        ap.error(f"--jobs {shlex.join(map(str, args.jobs))}: the jobs are numbered 0 to {len(JOBS) - 1}"
+        ap.error(f"--jobs {' '.join(map(str, args.jobs))}: the jobs are numbered 0 to {len(JOBS) - 1}"
                  " (--list)")
     runs = ROOT / "runs"
     runs.mkdir(exist_ok=True)
