@@ -157,6 +157,8 @@ def grpo_variants(seeds: list, keys: list = (), suffix: str = "",
 # the rl split's kinds RL solves least (under 90% of ipa-rl-split's seed-0 episodes), alone, so
 # each kind meets ~3x the groups a run; held-out keeps every kind
 RL_KINDS = ["train.generated_split=rl", "train.generated_kinds=[config,crlf,longest]"]
+# the by_kind job's one key: every kind once in each len(kinds) draws
+BY_KIND = ["train.draw_by_kind=true"]
 RECIPES = {  # IPA as published (the config), and the recipes tried beside it: keys on top of "ipa"
     "ipa": [],
     # RL on tasks SFT never imitated, with their verifier alone: the rl split's names, words and
@@ -176,8 +178,7 @@ RECIPES = {  # IPA as published (the config), and the recipes tried beside it: k
     # the same drawing its tasks kind by kind, each kind once in every ten draws: under the plain
     # draw a kind left out for ten steps broke from 2 of the headline's 3 starts (docs/results.md
     # "The headline recipe on three seeds"). by_kind runs it beside the plain draw, under this name
-    "ipa-rl-split-successes-bykind": ["train.generated_split=rl", "algo.negative_reward=0.0",
-                                      "train.draw_by_kind=true"],
+    "ipa-rl-split-successes-bykind": ["train.generated_split=rl", "algo.negative_reward=0.0", *BY_KIND],
     "ipa-rl-kinds": RL_KINDS,
     # with a leave-one-out group baseline: a failure counts against its group's successes, and a
     # group that never succeeds pushes nothing down (without it, failures' R = -1 took the policy
@@ -276,7 +277,7 @@ def by_kind(seeds: list, best: str | None = None, prefix: str = "smollm2-multist
     seeds"). From a by-kind best, the same two rows: its plain draw and itself."""
     best = (best or best_recipe(prefix)).removesuffix("-bykind")
     return compare("bykind", seeds, [best, f"{best}-bykind"],
-                   recipe_variant(best) + recipe_variant(best, "bykind", ["train.draw_by_kind=true"])
+                   recipe_variant(best) + recipe_variant(best, "bykind", BY_KIND)
                    + ["--reference", best] + control_split(best), prefix)
 
 
@@ -386,12 +387,11 @@ def main(argv=None):
     if wanted - set(range(len(JOBS))):
         ap.error(f"--jobs {' '.join(map(str, args.jobs))}: the jobs are numbered 0 to {len(JOBS) - 1}"
                  " (--list)")
+    jobs = [(i, job) for i, job in enumerate(JOBS) if i in wanted]
     runs = ROOT / "runs"
     runs.mkdir(exist_ok=True)
     if args.list:
-        for i, (kind, what, sets) in enumerate(JOBS):
-            if i not in wanted:
-                continue
+        for i, (kind, what, sets) in jobs:
             print(f"{i}: " + (train_job(what, sets)[0] if kind == "train"
                              else "compare_algos.py " + shlex.join(what())))
         return
@@ -405,9 +405,7 @@ def main(argv=None):
     log(f"driver start: {ROOT} at {commit}, jobs {' '.join(map(str, sorted(wanted)))} of {len(JOBS)}"
         + "".join(f"; {what} {m}: {v} (given)" for what, got in DECIDED.items() for m, v in got.items()))
     failed = 0
-    for i, (kind, what, sets) in enumerate(JOBS):
-        if i not in wanted:
-            continue
+    for i, (kind, what, sets) in jobs:
         if (runs / "program.stop").exists():
             log("runs/program.stop is there: stopping before the next job (remove it to go on)")
             break

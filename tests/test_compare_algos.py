@@ -408,7 +408,6 @@ def test_gemmas_by_kind_rows_differ_from_its_headline_in_the_draw_alone(tmp_path
     assert variants[names[0]] == compare_algos.pick_variants(head)[1][names[0]]
 
 
-
 def test_a_by_kind_headline_is_the_one_key_reference_its_by_kind_runs_and_grpo_drawing_as_it_does(tmp_path,
                                                                                                   monkeypatch):
     """With Gemma's headline recipe drawing kind by kind, its one-key rows take the by-kind job's
@@ -435,6 +434,7 @@ def test_a_by_kind_headline_is_the_one_key_reference_its_by_kind_runs_and_grpo_d
         assert used[n]["train.draw_by_kind"] and used[n]["train.generated_split"] == "rl", n
         assert used[n]["algo.loss"] == "ppo", n
     assert args.sft_more_split == "rl"
+
 
 def test_more_seeds_go_to_the_recipes_that_held_on_seed_0(tmp_path, monkeypatch):
     """The program's recipes on seeds 1 2 leave out a recipe whose seed-0 run ended 10 points or more
