@@ -44,8 +44,8 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    successes-only loss.
 5. the headline: the recipe with the best seed-0 held-out success (the published IPA on a tie, or
    while none has finished) on seeds 0 1 2, each with its control (runs/compare-multistep-headline);
-   the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs
-   (runs/compare-multistep-onekey); the rl split's recipes against its own control,
+   the one-key variants of that recipe on seed 0 (token level, prefilled starts) and GRPO at 3 lrs,
+   without a control (runs/compare-multistep-onekey); the rl split's recipes against its own control,
    CONTROL_STEPS SFT steps on its oracles (runs/compare-multistep-rlsplit); then seeds 1 2 of the
    one-key rows, GRPO at its best seed-0 lr.
 6. the recipes on the rl split (tasks SFT never imitated; on its least-solved kinds alone, with a
@@ -234,12 +234,14 @@ def recipe_variant(recipe: str, change: str = "", keys: list = ()) -> list:
 
 
 def compare(out: str, seeds: list, variants: list, extra: list = (),
-            prefix: str = "smollm2-multistep") -> list:
-    """compare_algos' arguments for the model's rows (from its SFT plateau, with the control), its
-    table in runs/compare-multistep-<out> (SmolLM2) or runs/compare-<prefix>-<out>."""
+            prefix: str = "smollm2-multistep", control: bool = True) -> list:
+    """compare_algos' arguments for the model's rows (from its SFT plateau, with the control unless
+    `control` is false), its table in runs/compare-multistep-<out> (SmolLM2) or
+    runs/compare-<prefix>-<out>."""
     sets = [a for kv in MODELS[prefix][2] for a in ("--set", kv)]
+    more = ["--sft-more", str(CONTROL_STEPS)] if control else []
     return ["--config", IPA, "--seeds", *seeds, "--variants", *variants, *extra, *sets,
-            "--sft-more", str(CONTROL_STEPS), "--set", f"sft.steps={plateau(prefix)}",
+            *more, "--set", f"sft.steps={plateau(prefix)}",
             "--out", f"runs/compare-{prefix.removeprefix('smollm2-')}-{out}"]
 
 
@@ -283,7 +285,9 @@ def by_kind(seeds: list, best: str | None = None, prefix: str = "smollm2-multist
 
 def onekey(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep") -> list:
     """The model's headline recipe against one key changed: token level, prefilled starts; and GRPO
-    (several keys). A one-key variant of a recipe other than "ipa" is named recipe-change."""
+    (several keys). A one-key variant of a recipe other than "ipa" is named recipe-change. Without
+    a control: each row is read against the recipe on the same start, and the headline's and
+    by-kind jobs already set that recipe beside more SFT; 200 SFT steps a seed go to RL rows."""
     best = best or best_recipe(prefix)
     keys = [k for k in RECIPES[best] if k.startswith(TASK_KEYS)]
     grpo, extra = grpo_variants(seeds, keys, best.removeprefix("ipa") if keys else "", prefix)
@@ -294,7 +298,7 @@ def onekey(seeds: list, best: str | None = None, prefix: str = "smollm2-multiste
         names = [best] + [f"{best}-{k}" for k in changed]
         extra = recipe_variant(best) + [a for k, keys in changed.items()
                                         for a in recipe_variant(best, k, keys)] + extra
-    return compare("onekey", seeds, names + grpo, extra + ["--reference", best] + control_split(best), prefix)
+    return compare("onekey", seeds, names + grpo, extra + ["--reference", best], prefix, control=False)
 
 
 def demo_control() -> list:
