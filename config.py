@@ -193,6 +193,11 @@ class CheckpointConfig:
     every: Annotated[int, ">= 1"] = 5      # RL steps between checkpoints (and always at the end)
     keep_last: Annotated[int, ">= 0"] = 3  # checkpoints kept besides step 0 (the SFT-only start, always kept:
     #                                        tests/test_train.py::test_keep_last_keeps_the_sft_only_start)
+    # false: the last step's checkpoint keeps the weights and the run's state, not AdamW's moments
+    # (two thirds of a full fine-tune's checkpoint), for programs of many runs that end where they
+    # stop; a run continued past train.steps then starts AdamW afresh
+    # (tests/test_train.py::test_a_finished_run_can_drop_its_moments_and_still_continue)
+    final_optimizer: bool = True
 
 
 @dataclass

@@ -253,6 +253,8 @@ def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
           "experts": r.experts, "difficulty": r.filter.state()}
     # a resume from the SFT-only start carries them too
     keep_sft = sft_opt is not None and cfg.sft.keep_moments
+    if step == cfg.train.steps and not cfg.checkpoint.final_optimizer:
+        opt = None
     if r.world > 1:
         return sharded_checkpoint(r, step, st, {"optimizer": opt} if opt is not None else
                                   {"sft_optimizer": sft_opt} if keep_sft else {}, sched)
@@ -366,6 +368,10 @@ def rl_optimizer(r: Run, sft_opt):
     elif "optimizer" in state:
         distributed.load_optimizer_state(r.model, opt, state["optimizer"])
         sched.load_state_dict(state["scheduler"])
+    elif state.get("step"):  # a finished run's last checkpoint, saved without them
+        if r.rank == 0:
+            print(f"continuing from step {state['step']}, whose checkpoint has no AdamW moments "
+                  "(checkpoint.final_optimizer: false): AdamW and its schedule start afresh", file=sys.stderr)
     elif cfg.sft.keep_moments and (sft_opt is not None or "sft_optimizer" in state
                                    or "sft_optimizer" in sharded):
         # Adam's bias-corrected first step is lr * sign(g) on every weight, however small or noisy g

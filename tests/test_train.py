@@ -733,6 +733,43 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model_dir, tmp_pat
     assert "loss" not in rl[0]  # no optimizer step was logged
 
 
+def test_a_finished_run_can_drop_its_moments_and_still_continue(tiny_model_dir, tmp_path):
+    """checkpoint.final_optimizer: false keeps AdamW's moments out of the last step's checkpoint
+    alone (the SFT-only start keeps SFT's, which every branch starts from); a comparison still reads
+    the run as finished, and a run continued past its steps starts AdamW afresh and says so."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import compare_algos
+    out = tmp_path / "run"
+    overrides = ["model.build_tiny=false", f"model.path={tiny_model_dir}", f"out_dir={out}", "sft.steps=1",
+                 "sft.num_tasks=4", "sft.batch_size=4", "train.steps=2", "train.tasks_per_step=2",
+                 "train.group_size=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=32",
+                 "eval.at_start=false", "eval.num_tasks=1", "eval.samples=1", "checkpoint.every=1",
+                 "checkpoint.keep_last=3", "checkpoint.final_optimizer=false"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+    def run(*extra):
+        r = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml"]
+                           + sum((["--set", o] for o in overrides), []) + list(extra), cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        return r
+
+    run()
+    ck = out / "checkpoints"
+    states = {s: torch.load(ck / f"step_{s:06d}" / "trainer.pt", weights_only=False) for s in (0, 1, 2)}
+    assert "sft_optimizer" in states[0] and "optimizer" in states[1]
+    assert "optimizer" not in states[2] and states[2]["step"] == 2
+    size = {s: (ck / f"step_{s:06d}" / "trainer.pt").stat().st_size for s in (1, 2)}
+    assert size[2] < size[1] / 2, size
+    assert compare_algos.run_action(out, 2) == "summarise"
+    r = run("--set", "train.steps=3", "--resume")
+    assert "continuing from step 2, whose checkpoint has no AdamW moments" in r.stderr
+    assert "optimizer" not in torch.load(ck / "step_000003" / "trainer.pt", weights_only=False)
+    rl = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+          if json.loads(line)["phase"] == "rl"]
+    assert [m["step"] for m in rl] == [1, 2, 3]
+
+
 def test_sft_and_rl_take_the_generated_split_their_keys_name(tiny_model_dir, tmp_path):
     """sft.generated_split=rl and train.generated_split=rl: SFT imitates the oracles of the rl
     split's tasks, which share no name, word or number with the train split's
