@@ -253,8 +253,7 @@ def checkpoint(r: Run, step: int, opt=None, sched=None, sft_opt=None) -> Path:
           "experts": r.experts, "difficulty": r.filter.state()}
     # a resume from the SFT-only start carries them too
     keep_sft = sft_opt is not None and cfg.sft.keep_moments
-    if step == cfg.train.steps and not cfg.checkpoint.final_optimizer:
-        opt = None
+    opt = None if step == cfg.train.steps and not cfg.checkpoint.final_optimizer else opt
     if r.world > 1:
         return sharded_checkpoint(r, step, st, {"optimizer": opt} if opt is not None else
                                   {"sft_optimizer": sft_opt} if keep_sft else {}, sched)
@@ -368,10 +367,9 @@ def rl_optimizer(r: Run, sft_opt):
     elif "optimizer" in state:
         distributed.load_optimizer_state(r.model, opt, state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-    elif state.get("step"):  # a finished run's last checkpoint, saved without them
-        if r.rank == 0:
-            print(f"continuing from step {state['step']}, whose checkpoint has no AdamW moments "
-                  "(checkpoint.final_optimizer: false): AdamW and its schedule start afresh", file=sys.stderr)
+    elif state.get("step") and r.rank == 0:  # a finished run's last checkpoint, saved without them
+        print(f"continuing from step {state['step']}, whose checkpoint has no AdamW moments "
+              "(checkpoint.final_optimizer: false): AdamW and its schedule start afresh", file=sys.stderr)
     elif cfg.sft.keep_moments and (sft_opt is not None or "sft_optimizer" in state
                                    or "sft_optimizer" in sharded):
         # Adam's bias-corrected first step is lr * sign(g) on every weight, however small or noisy g
@@ -775,9 +773,8 @@ def main(argv=None):
                     help="--dry-run: each host's RAM in GiB (default: this machine's when it has a GPU)")
     ap.add_argument("--resume", action="store_true",
                     help="continue from the newest intact checkpoint in <out_dir>/checkpoints")
-    ap.add_argument("--restart", action="store_true",
-                    help="start over in an out_dir that holds a run: the old one is moved to "
-                         "<out_dir>.<date-time>")
+    ap.add_argument("--restart", action="store_true", help="start over in an out_dir that holds a run: the "
+                    "old one is moved to <out_dir>.<date-time>")
     a = ap.parse_args(argv)
     with distributed.error_said_once():
         try:
@@ -790,8 +787,7 @@ def main(argv=None):
             run(cfg, resume=a.resume, restart=a.restart)
         except TaskError as e:  # nothing loadable: one line, as --dry-run (tests/test_task_folders.py)
             raise SystemExit(f"tasks: {e}") from None
-        # every sandbox host silent: the last checkpoint is where --resume starts
-        except hosts.HostsDown as e:
+        except hosts.HostsDown as e:  # every sandbox host silent: --resume starts at the last checkpoint
             raise SystemExit(f"stopped: {e}; then resume with --resume")
         except OSError as e:  # a log or adapter write; a checkpoint's says so itself (rundir.save_checkpoint)
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -103,8 +103,11 @@ def test_a_packed_rl_step_moves_the_weights_as_the_padded_one(tmp_path):
 
 
 def test_packed_logprobs_equal_the_padded_paths_on_smollm2():
-    """fp32: to rounding. bf16: a 30-layer model's bf16 log-probs sit ~0.08 (mean) from fp32's on
-    either path, and the packed path's error is the padded path's (mean within 25%, max within 2x)."""
+    """fp32: to rounding (the entropy sums p log p over the whole vocabulary: its rounding is larger
+    than a log-prob's, up to ~1e-4 at one position on some CPUs; a row that attended to another row's
+    tokens would be off by far more). bf16: a 30-layer model's bf16 log-probs sit ~0.08 (mean) from
+    fp32's on either path, and the packed path's error is the padded path's (mean within 25%, max
+    within 2x)."""
     from transformers import AutoModelForCausalLM
     r = subprocess.run([sys.executable, "scripts/get_smollm2.py"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -118,7 +121,8 @@ def test_packed_logprobs_equal_the_padded_paths_on_smollm2():
         with torch.no_grad():
             out[dtype] = both_paths(model, ids, att, lengths, top_k=50)
     (lp, ent), (plp, pent) = out[torch.float32]
-    assert max((lp - plp).abs().max(), (ent - pent).abs().max()) <= 1e-4
+    assert (lp - plp).abs().max() <= 1e-4 and (ent - pent).abs().max() <= 1e-3, \
+        ((lp - plp).abs().max(), (ent - pent).abs().max())
     padded, packed = ((x[0] - lp).abs() for x in out[torch.bfloat16])
     assert packed.mean() <= 1.25 * padded.mean() + 1e-3 and packed.max() <= 2 * padded.max(), \
         (packed.mean(), padded.mean(), packed.max(), padded.max())
