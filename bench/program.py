@@ -35,8 +35,9 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    against SFT on that split's oracles (runs/compare-gemma3-multistep-rlsplit); its best seed-0
    recipe on seeds 0 1 2 (runs/compare-gemma3-multistep-headline), each seed with the control on
    the split that recipe draws (control_split); that recipe drawing its tasks kind by kind, seeds
-   0 1 2 (runs/compare-gemma3-multistep-bykind); that recipe's one-key rows (as in 5) on seed 0,
-   then seeds 1 2 (runs/compare-gemma3-multistep-onekey); then the published IPA on the train
+   0 1 2 (runs/compare-gemma3-multistep-bykind); that recipe's one-key rows (as in 5): token level
+   and prefilled starts on seeds 0 1 2, GRPO's lrs on seed 0, GRPO on seeds 1 2
+   (runs/compare-gemma3-multistep-onekey); then the published IPA on the train
    split with its control (runs/compare-gemma3-multistep-recipes).
 4. the RL recipes that draw the train tasks on seed 0, from the plateau, with the control of
    CONTROL_STEPS more SFT steps from the same checkpoint (runs/compare-multistep-recipes): IPA as
@@ -283,14 +284,17 @@ def by_kind(seeds: list, best: str | None = None, prefix: str = "smollm2-multist
                    + ["--reference", best] + control_split(best), prefix)
 
 
-def onekey(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep") -> list:
+def onekey(seeds: list, best: str | None = None, prefix: str = "smollm2-multistep",
+           grpo: bool = True) -> list:
     """The model's headline recipe against one key changed: token level, prefilled starts; and GRPO
-    (several keys). A one-key variant of a recipe other than "ipa" is named recipe-change. Without
-    a control: each row is read against the recipe on the same start, and the headline's and
-    by-kind jobs already set that recipe beside more SFT; 200 SFT steps a seed go to RL rows."""
+    (several keys) unless `grpo` is false. A one-key variant of a recipe other than "ipa" is named
+    recipe-change. Without a control: each row is read against the recipe on the same start, and
+    the headline's and by-kind jobs already set that recipe beside more SFT; 200 SFT steps a seed
+    go to RL rows."""
     best = best or best_recipe(prefix)
     keys = [k for k in RECIPES[best] if k.startswith(TASK_KEYS)]
-    grpo, extra = grpo_variants(seeds, keys, best.removeprefix("ipa") if keys else "", prefix)
+    grpo, extra = (grpo_variants(seeds, keys, best.removeprefix("ipa") if keys else "", prefix)
+                   if grpo else ([], []))
     changed = {"token": ["algo.level=token"], "prefill": ["rollout.prefill_prob=0.5"]}
     if best == "ipa":
         names = ["ipa", "ipa-token", "ipa-prefill"]
@@ -329,8 +333,9 @@ JOBS = [("compare", demo_control, []), sft_job(SFT_CURVE[0], 0)] + [
     # same starts (the order: tests/test_compare_algos.py::test_gemmas_by_kind_rows_differ_*)
     ("compare", lambda: by_kind(SEEDS, prefix=GEMMA), []),
     # the paper's claims one key at a time there, where a key can take RL apart or not: from
-    # Gemma's headline recipe, its seed 0 (GRPO's lrs swept), then seeds 1 2 (GRPO at its best
-    # seed-0 lr)
+    # Gemma's headline recipe, IPA's two keys on seeds 0 1 2 first (three starts for the rows that
+    # need no sweep), then GRPO's lrs swept on seed 0, then GRPO at its best seed-0 lr on seeds 1 2
+    ("compare", lambda: onekey(SEEDS, prefix=GEMMA, grpo=False), []),
     ("compare", lambda: onekey(["0"], prefix=GEMMA), []),
     ("compare", lambda: onekey(SEEDS, prefix=GEMMA), []),
     ("compare", lambda: compare("recipes", ["0"], ["ipa"], prefix=GEMMA), []),

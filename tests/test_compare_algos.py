@@ -357,14 +357,20 @@ def test_gemmas_seeds_run_its_best_seed_0_recipe_with_that_recipes_controls(tmp_
 
 
 def test_gemmas_one_key_rows_follow_its_headline_from_its_own_best_recipe_and_grpo_lr(tmp_path, monkeypatch):
-    """Gemma's one-key rows come after its headline's seeds and before SmolLM2's jobs; they branch
-    from its own plateau with its keys, vary its own best seed-0 recipe, and its seeds 1 2 take
-    GRPO at the lr that did best on Gemma's seed 0, not SmolLM2's."""
+    """Gemma's one-key rows come after its headline's seeds and before SmolLM2's jobs: first the
+    rows that need no sweep on seeds 0 1 2, then GRPO's lrs on seed 0, then every row on seeds 0 1
+    2; they branch from its own plateau with its keys, vary its own best seed-0 recipe, and its
+    seeds 1 2 take GRPO at the lr that did best on Gemma's seed 0, not SmolLM2's."""
     import program
-    outs = [a.out for a in program_comparisons()]
+    comparisons = program_comparisons()
+    outs = [a.out for a in comparisons]
     g_onekey = "runs/compare-gemma3-multistep-onekey"
     assert outs.index(g_onekey) > outs.index("runs/compare-gemma3-multistep-headline")
     assert outs.index(g_onekey) < outs.index("runs/compare-multistep-onekey")
+    jobs = [a for a in comparisons if a.out == g_onekey]
+    assert [(a.seeds, len([n for n in compare_algos.pick_variants(a)[0] if n.startswith("grpo")]))
+            for a in jobs] == [([0, 1, 2], 0), ([0], 3), ([0, 1, 2], 3)]  # no seed-0 GRPO run yet: all 3
+    assert compare_algos.pick_variants(jobs[0])[0] == compare_algos.pick_variants(jobs[1])[0][:3]
     monkeypatch.setattr(program, "ROOT", tmp_path)
     runs, g = tmp_path / "runs", program.GEMMA
     _finished(runs / f"{g}-sft250-seed0", 0, {0: 0.85})
