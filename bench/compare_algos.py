@@ -189,11 +189,13 @@ def train(sets: list, config_path: str, run_dir: Path, steps: int, no_run: bool,
 
 
 def final_eval(run_dir: Path) -> dict:
-    """The run's last held-out eval: success (metrics.jsonl), its episodes (the valid ones of
-    eval_trajectories.jsonl at that step's policy version), and from them [passed, episodes] by task
-    kind (the task name's last part) and the turns of each episode."""
+    """The run's last held-out eval: success and its 95% interval (metrics.jsonl), its episodes (the
+    valid ones of eval_trajectories.jsonl at that step's policy version), and from them [passed,
+    episodes] by task kind (the task name's last part) and the turns of each episode."""
     evals = held_out(run_dir)["evals"]
     step = max(evals)
+    records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    ci = [r.get("success_ci") for r in records if r.get("phase") == "eval" and r["step"] == step][-1]
     kinds, turns, episodes = collections.defaultdict(lambda: [0, 0]), [], []
     path = run_dir / "eval_trajectories.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -203,7 +205,8 @@ def final_eval(run_dir: Path) -> dict:
             k[0], k[1] = k[0] + (e["reward"] > 0), k[1] + 1
             turns.append(e["num_turns"])
             episodes.append(e)
-    return {"step": step, "success": evals[step], "kinds": dict(kinds), "turns": turns, "episodes": episodes}
+    return {"step": step, "success": evals[step], "ci": ci, "kinds": dict(kinds), "turns": turns,
+            "episodes": episodes}
 
 
 def paired(xs: list, refs: list) -> str:
@@ -242,6 +245,28 @@ def final_table(finals: dict, seeds: list, reference: str | None) -> str:
         cells = [f"{sum(r['kinds'].get(k, [0, 0])[0] for r in runs.values())}/"
                  f"{sum(r['kinds'].get(k, [0, 0])[1] for r in runs.values())}" for runs in finals.values()]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def seed_rows(finals: dict, seeds: list) -> str:
+    """Markdown: a row per seed and policy (name -> {seed: final_eval}) at its final eval: success
+    with its 95% interval, mean turns, and each kind's passed episodes ("(of n)" when every kind of
+    the row has n, else passed/episodes)."""
+    kinds = sorted({k for runs in finals.values() for r in runs.values() for k in r["kinds"]})
+    lines = [f"| seed | policy | held-out success [95% CI] | turns | {' '.join(kinds)} |",
+             "|---:|---|---|---:|---|"]
+    for s in seeds:
+        for name, runs in finals.items():
+            if s not in runs:
+                continue
+            r = runs[s]
+            got = [r["kinds"].get(k, [0, 0]) for k in kinds]
+            same = {n for _, n in got}
+            cells = (" ".join(str(p) for p, _ in got) + f" (of {same.pop()})" if len(same) == 1
+                     else " ".join(f"{p}/{n}" for p, n in got))
+            ci = f" [{100 * r['ci'][0]:.1f}, {100 * r['ci'][1]:.1f}]" if r.get("ci") else ""
+            turns = statistics.mean(r["turns"]) if r["turns"] else 0
+            lines.append(f"| {s} | {name} | {r['success']:.1%}{ci} | {turns:.2f} | {cells} |")
     return "\n".join(lines)
 
 
@@ -424,6 +449,7 @@ def write_tables(args, out: Path, seeds: list, curves: dict, used: dict, finals:
           + (f" with {' '.join(args.set)}" if args.set else "") + ".", "", table(curves), "",
           "At each row's final eval (SFT-only: the seed's SFT run at step 0; the differences are paired by "
           "seed, in points):", "", final_table(finals, seeds, reference if reference in finals else None), "",
+          "Each seed's rows:", "", seed_rows(finals, seeds), "",
           f"Where each variant differs from {reference}:", "", *diff_lines(used, reference),
           *([f"- **{control}**: {args.sft_more} more SFT steps from the seed's SFT-only checkpoint, no RL"
              + ("" if args.sft_more_split == "train" else f", on the {args.sft_more_split} split's oracles")]

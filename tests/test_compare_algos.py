@@ -229,6 +229,24 @@ def test_the_final_table_pairs_seeds_and_gives_a_t_interval():
     assert "| copy | 1/2 | 2/2 | 0/0 |" in text
 
 
+def test_the_seed_rows_give_each_runs_interval_turns_and_kinds():
+    """Each seed's row of each policy, as docs/results.md tabulates them: the final eval's success
+    with its 95% interval, mean turns, and the passed episodes of each kind (of their count when
+    every kind has as many, else passed/episodes); a seed a row lacks is left out."""
+    def fe(x, ci, kinds, turns):
+        return {"step": 20, "success": x, "ci": ci, "kinds": kinds, "turns": turns}
+    finals = {"SFT-only": {0: fe(0.5, [0.2, 0.8], {"copy": [1, 2], "count": [1, 2]}, [2, 3, 3, 4]),
+                           1: fe(0.75, [0.3, 0.95], {"copy": [2, 2], "count": [1, 2]}, [2, 2, 2, 2])},
+              "ipa": {0: fe(0.25, [0.05, 0.7], {"copy": [1, 3], "count": [0, 1]}, [5, 5, 5, 5])}}
+    text = compare_algos.seed_rows(finals, [0, 1])
+    assert text.splitlines() == [
+        "| seed | policy | held-out success [95% CI] | turns | copy count |",
+        "|---:|---|---|---:|---|",
+        "| 0 | SFT-only | 50.0% [20.0, 80.0] | 3.00 | 1 1 (of 2) |",
+        "| 0 | ipa | 25.0% [5.0, 70.0] | 5.00 | 1/3 0/1 |",
+        "| 1 | SFT-only | 75.0% [30.0, 95.0] | 2.00 | 2 1 (of 2) |"], text
+
+
 @pytest.mark.slow
 def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(tiny_model_dir, tmp_path):
     """A real comparison on the tiny model (one SFT, two variants branched from it, the sft-more
@@ -296,6 +314,10 @@ def test_a_comparison_killed_twice_resumes_and_branches_from_the_sft_checkpoint(
         table = (runs / f"compare-{name}" / "compare.md").read_text()
         for row in ("| SFT-only |", "| ipa |", "| ipa-token |", "| sft-more 2 |"):
             assert row in table, table
+        # each run's own row, with the interval its last eval logged
+        log = (runs / f"{name}-ipa-seed0" / "metrics.jsonl").read_text().splitlines()
+        low, high = [r for r in map(json.loads, log) if r.get("phase") == "eval"][-1]["success_ci"]
+        assert "| 0 | ipa | " in table and f" [{100 * low:.1f}, {100 * high:.1f}] |" in table, table
     finally:
         for d in made:
             shutil.rmtree(d, ignore_errors=True)
