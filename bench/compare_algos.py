@@ -192,10 +192,9 @@ def final_eval(run_dir: Path) -> dict:
     """The run's last held-out eval: success and its 95% interval (metrics.jsonl), its episodes (the
     valid ones of eval_trajectories.jsonl at that step's policy version), and from them [passed,
     episodes] by task kind (the task name's last part) and the turns of each episode."""
-    evals = held_out(run_dir)["evals"]
+    h = held_out(run_dir)
+    evals = h["evals"]
     step = max(evals)
-    records = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-    ci = [r.get("success_ci") for r in records if r.get("phase") == "eval" and r["step"] == step][-1]
     kinds, turns, episodes = collections.defaultdict(lambda: [0, 0]), [], []
     path = run_dir / "eval_trajectories.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -205,7 +204,7 @@ def final_eval(run_dir: Path) -> dict:
             k[0], k[1] = k[0] + (e["reward"] > 0), k[1] + 1
             turns.append(e["num_turns"])
             episodes.append(e)
-    return {"step": step, "success": evals[step], "ci": ci, "kinds": dict(kinds), "turns": turns,
+    return {"step": step, "success": evals[step], "ci": h["cis"][step], "kinds": dict(kinds), "turns": turns,
             "episodes": episodes}
 
 

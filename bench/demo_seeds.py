@@ -24,13 +24,13 @@ from generated_tasks import task_kind  # noqa: E402
 
 
 def held_out(run_dir: Path) -> dict:
-    """Eval success by RL step and where SFT stopped (metrics.jsonl), and the last process's wall
-    time (summary.txt)."""
-    evals, sft = {}, []
+    """Eval success and its 95% interval by RL step and where SFT stopped (metrics.jsonl), and the
+    last process's wall time (summary.txt)."""
+    evals, cis, sft = {}, {}, []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if rec.get("phase") == "eval":
-            evals[rec["step"]] = rec["success"]
+            evals[rec["step"]], cis[rec["step"]] = rec["success"], rec.get("success_ci")
         elif rec.get("phase") == "sft":
             sft.append(rec)
     last = max((r.get("restart", 0) for r in sft), default=0)
@@ -40,7 +40,7 @@ def held_out(run_dir: Path) -> dict:
             else f"{sft[-1]['step'] + 1} steps" if sft else "no SFT")
     summary = run_dir / "summary.txt"
     m = re.search(r"wall ([\d.]+) min", summary.read_text()) if summary.exists() else None
-    return {"evals": evals, "sft_stop": stop, "wall_s": float(m.group(1)) * 60 if m else None}
+    return {"evals": evals, "cis": cis, "sft_stop": stop, "wall_s": float(m.group(1)) * 60 if m else None}
 
 
 def table(rows: list[dict]) -> str:
