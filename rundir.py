@@ -69,6 +69,24 @@ def writer(out: Path) -> str:
     return f"process {pid}" + ("" if host == socket.gethostname() else f" on {host}")
 
 
+def live_writer(out: Path) -> int | None:
+    """The pid out's lock file names when that process is alive on this host and started before the
+    file was written (a pid reused by a later process is not its writer): for a status display that
+    must not take the lock, which a writer starting at that moment would then find held.
+    tests/test_compare_algos.py::test_status_says_where_each_run_stands_and_runs_nothing"""
+    try:
+        pid, host = (out / LOCK).read_text().split()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        written = (out / LOCK).stat().st_mtime
+    except (OSError, ValueError, StopIteration):
+        return None
+    # field 22, counted after the parenthesised command name (which may hold spaces)
+    started = boot + int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return int(pid) if host == socket.gethostname() and started <= written + 1 else None
+
+
 def checkpoints(ckpt_root: Path) -> list[Path]:
     """The checkpoints in ckpt_root, oldest first: SFT's (sft_<N>), then RL's (step_<N>, step_000000
     the SFT-only start, saved after the last SFT step)."""

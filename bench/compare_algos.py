@@ -11,6 +11,7 @@ adds online difficulty filtering (train.filter_window).
         --variants ipa ipa-token ipa-prefill ipa-filter grpo --sft-more 80
     python bench/compare_algos.py --variants ipa --variant lr-high=train.lr=5e-3,algo.gamma=0.9  # then yours
     python bench/compare_algos.py --no-run             # only summarise the runs already there
+    python bench/compare_algos.py --status             # each run: finished, running, stopped, not started
 
 Each variant is `--set` overrides on top of --config: a built-in one (VARIANTS) or your own,
 `--variant NAME=key=val,key=val` (repeatable). Everything else (model, SFT warm start, lr, steps,
@@ -331,6 +332,9 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None,
                     help="where the table and PNG go (default: runs/compare-<run_name>)")
     ap.add_argument("--no-run", action="store_true", help="summarise existing runs only")
+    ap.add_argument("--status", action="store_true",
+                    help="say where each run stands (finished, running, stopped at a checkpoint, not "
+                         "started); run and write nothing")
     ap.add_argument("--sft-more", type=int, default=0, metavar="N",
                     help="the control: N more SFT steps from each seed's SFT-only checkpoint, no RL "
                          "(0: none)")
@@ -350,7 +354,7 @@ def main(argv=None):
     seeds = sorted(set(args.seeds))
     args.config = str(Path(args.config).resolve())  # train.py runs from the repository root
     base = config.load_config(args.config, args.set)
-    branching = base.sft.steps > 0 and not args.no_branch
+    branching = branches(args, base)
     if bad := [(n, kv) for n in names for kv in variants[n] if branching and kv.startswith(SFT_KEYS)]:
         raise SystemExit(f"variant {bad[0][0]} sets {bad[0][1]}: a key of the SFT phase, which every variant "
                          f"shares when it branches from one SFT a seed; pass --no-branch to run its own SFT")
@@ -358,8 +362,7 @@ def main(argv=None):
         raise SystemExit("--sft-more continues a seed's SFT checkpoint: it needs sft.steps > 0 and branching")
     out = Path(args.out or ROOT / "runs" / f"compare-{base.run_name}")
     curves, used = {n: [] for n in names}, {}
-    on = "" if args.sft_more_split == "train" else f" on {args.sft_more_split}"
-    control = f"sft-more {args.sft_more}{on}"
+    control = control_row(args)
     finals = {**({"SFT-only": {}} if branching else {}), **{n: {} for n in names},
               **({control: {}} if args.sft_more else {})}
     for name in names:  # a bad override fails here, before any run
@@ -376,31 +379,80 @@ def main(argv=None):
         if trained:
             write_tables(args, out, seeds, curves, used, finals, reference, control, quiet=True)
 
-    for seed in seeds:
-        sft_dir = None
-        if branching:  # the seed's one SFT, and its SFT-only policy's eval (train.steps=0: the step-0 eval)
-            sets = args.set + [f"seed={seed}", "train.steps=0",
-                               f"run_name={base.run_name}-sft{base.sft.steps}-seed{seed}"]
-            sft_dir = ROOT / config.load_config(args.config, sets).out_dir
-            if not (args.no_run and run_action(sft_dir, 0) != "summarise"):  # --no-run: the row only if there
-                finished("SFT-only", seed, sft_dir, train(sets, args.config, sft_dir, 0, args.no_run))
-        for name in names:
-            # the run's own keys go last: the variant's keys and the seed are what differ
-            sets = args.set + variants[name] + [f"seed={seed}", f"run_name={base.run_name}-{name}-seed{seed}"]
-            cfg = config.load_config(args.config, sets)
-            run_dir = ROOT / cfg.out_dir
-            trained = train(sets, args.config, run_dir, cfg.train.steps, args.no_run, sft_dir)
+    runs = plan(args, seeds, names, variants)
+    if args.status:
+        print(status(runs))
+        return
+    for row, seed, sets, run_dir, steps, sft_dir in runs:
+        if row == "SFT-only" and args.no_run and run_action(run_dir, 0) != "summarise":
+            continue  # --no-run: the SFT-only row only if it is there
+        trained = train(sets, args.config, run_dir, steps, args.no_run, sft_dir)
+        if row in curves:
             evals = held_out(run_dir)["evals"]
             if not evals:
                 raise SystemExit(f"{run_dir}: no eval logged (set eval.every or eval.at_start, "
                                  f"and data.eval_tasks)")
-            curves[name].append(evals)
-            finished(name, seed, run_dir, trained)
+            curves[row].append(evals)
+        finished(row, seed, run_dir, trained)
+    write_tables(args, out, seeds, curves, used, finals, reference, control)
+
+
+def branches(args, base) -> bool:
+    """Whether the variants branch from one SFT a seed: the config has SFT and --no-branch is not given."""
+    return base.sft.steps > 0 and not args.no_branch
+
+
+def plan(args, seeds: list, names: list, variants: dict) -> list[tuple]:
+    """The comparison's runs in the order they run: (row, seed, train.py's --set overrides, run
+    directory, train.steps, the SFT run a variant branches from or None). Within a seed: its SFT run
+    (train.steps=0: its step-0 eval is the SFT-only policy's), the variants, the control."""
+    base = config.load_config(args.config, args.set)
+    runs = []
+    for seed in seeds:
+        sft_dir = None
+        if branches(args, base):
+            sets = args.set + [f"seed={seed}", "train.steps=0",
+                               f"run_name={base.run_name}-sft{base.sft.steps}-seed{seed}"]
+            sft_dir = ROOT / config.load_config(args.config, sets).out_dir
+            runs.append(("SFT-only", seed, sets, sft_dir, 0, None))
+        for name in names:
+            # the run's own keys go last: the variant's keys and the seed are what differ
+            sets = args.set + variants[name] + [f"seed={seed}", f"run_name={base.run_name}-{name}-seed{seed}"]
+            cfg = config.load_config(args.config, sets)
+            runs.append((name, seed, sets, ROOT / cfg.out_dir, cfg.train.steps, sft_dir))
         if args.sft_more:
             sets = control_sets(args, base.run_name, seed, sft_dir)
             run_dir = ROOT / config.load_config(args.config, sets).out_dir
-            finished(control, seed, run_dir, train(sets, args.config, run_dir, 0, args.no_run))
-    write_tables(args, out, seeds, curves, used, finals, reference, control)
+            runs.append((control_row(args), seed, sets, run_dir, 0, None))
+    return runs
+
+
+def status(runs: list) -> str:
+    """Where each run of plan() stands, one line each, and how many are finished: finished, running
+    (its lock's writer alive), stopped at its newest checkpoint, or not started."""
+    lines, done = [], 0
+    for _, _, _, run_dir, steps, sft_dir in runs:
+        action = run_action(run_dir, steps)
+        done += action == "summarise"
+        if action == "summarise":
+            state = "finished"
+        elif action == "run":
+            state = "not started" + (f", branches from {sft_dir.name}" if sft_dir else "")
+        else:
+            ckpts = rundir.checkpoints(run_dir / "checkpoints")
+            pid = rundir.live_writer(run_dir)
+            state = ((f"running (process {pid})" if pid else "stopped")
+                     + (f" at {ckpts[-1].name}" if ckpts else ", no checkpoint yet")
+                     + f", ends at step_{steps:06d}")
+        where = run_dir.relative_to(ROOT) if run_dir.is_relative_to(ROOT) else run_dir
+        lines.append(f"{where}: {state}")
+    return "\n".join(lines + [f"{done} of {len(runs)} runs finished"])
+
+
+def control_row(args) -> str:
+    """The control's row in the tables."""
+    split = args.sft_more_split
+    return f"sft-more {args.sft_more}" + ("" if split == "train" else f" on {split}")
 
 
 def control_sets(args, run_name: str, seed: int, sft_dir: Path) -> list:

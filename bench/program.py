@@ -4,7 +4,7 @@ train.steps) is skipped, a stopped one resumed with train.py --resume, a missing
 compare_algos.run_action's rule. Kill it at any moment and start it again with the same command.
 
     nice -n 19 nohup python bench/program.py >> runs/program.log 2>&1 &    # start or resume
-    python bench/program.py --list                                        # the queue, each job's state
+    python bench/program.py --list                                        # the queue, each run's state
     touch runs/program.stop                                               # stop after the current job
 
 The plateau and the best recipe are read from a model's finished seed-0 runs. Where those are gone
@@ -54,10 +54,13 @@ and control); runs whose seed-0 figures docs/results.md already holds come last,
    (held_recipes); the SFT curve's budgets under its plateau.
 """
 import argparse
+import contextlib
 import fcntl
+import io
 import shlex
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -65,6 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import config  # noqa: E402
+import compare_algos  # noqa: E402
 from compare_algos import VARIANTS, final_eval, run_action  # noqa: E402
 
 MULTISTEP = "configs/smollm2-multistep.yaml"
@@ -380,7 +384,7 @@ def decision(ap: argparse.ArgumentParser, flag: str, given: str) -> tuple:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--list", action="store_true", help="print the queue and each job's state; run nothing")
+    ap.add_argument("--list", action="store_true", help="print the queue and each run's state; run nothing")
     ap.add_argument("--plateau", action="append", default=[], metavar="MODEL=STEPS",
                     help="the model's SFT budget for its RL rows, in place of its seed-0 SFT curve's best")
     ap.add_argument("--best", action="append", default=[], metavar="MODEL=RECIPE",
@@ -401,8 +405,13 @@ def main(argv=None):
     runs.mkdir(exist_ok=True)
     if args.list:
         for i, (kind, what, sets) in jobs:
-            print(f"{i}: " + (train_job(what, sets)[0] if kind == "train"
-                             else "compare_algos.py " + shlex.join(what())))
+            if kind == "train":
+                print(f"{i}: " + train_job(what, sets)[0])
+                continue
+            print(f"{i}: compare_algos.py " + shlex.join(what()), flush=True)
+            with contextlib.chdir(compare_algos.ROOT), contextlib.redirect_stdout(io.StringIO()) as said:
+                compare_algos.main([*what(), "--status"])  # from the repository root, as the driver runs it
+            print(textwrap.indent(said.getvalue(), "    "), end="")
         return
     lock = open(runs / "program.lock", "w")
     try:

@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +208,55 @@ def test_no_run_summarises_finished_runs_in_a_stable_order(capsys):
             compare_algos.main(["--config", str(TINY), "--no-run", "--variant", "ipa=train.lr=1"])
     finally:
         for d in made + [out]:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_status_says_where_each_run_stands_and_runs_nothing(capsys):
+    """--status lists the comparison's runs in the order they run: the seed's SFT run, the variants,
+    the control; each finished, running (a live process holds its lock), stopped at its newest
+    checkpoint, or not started (a variant branches from its seed's SFT run). A lock file naming a
+    process that started after it was written (a reused pid) is not a writer. Nothing is written."""
+    name = f"cmpstatus{os.getpid()}"
+    runs = ROOT / "runs"
+    sft, ipa, mine, more = (runs / f"{name}-{r}-seed0" for r in ("sft3", "ipa", "mine", "sftmore4"))
+    argv = ["--config", str(TINY), "--seeds", "0", "--set", f"run_name={name}", "--set", "sft.steps=3",
+            "--set", "train.steps=2", "--variants", "ipa", "mine", "--variant", "mine=algo.level=token",
+            "--sft-more", "4", "--status"]
+    holder = None
+    try:
+        _finished(sft, 0, {0: 0.5})
+        _finished(ipa, 1, {0: 0.5})
+        (ipa / "summary.txt").unlink()  # stopped after its first RL step
+        hold = ("import sys, time, rundir; from pathlib import Path; rundir.RunLock(Path(sys.argv[1])); "
+                "print('held', flush=True); time.sleep(60)")
+        holder = subprocess.Popen([sys.executable, "-c", hold, str(ipa)], cwd=ROOT, stdout=subprocess.PIPE,
+                                  text=True)
+        assert holder.stdout.readline() == "held\n"
+        def written():
+            return sorted(p for d in (sft, ipa, mine, more) if d.exists() for p in d.rglob("*"))
+        before = written()
+        compare_algos.main(argv)
+        assert capsys.readouterr().out.splitlines() == [
+            f"runs/{sft.name}: finished",
+            f"runs/{ipa.name}: running (process {holder.pid}) at step_000001, ends at step_000002",
+            f"runs/{mine.name}: not started, branches from {sft.name}",
+            f"runs/{more.name}: not started",
+            "1 of 4 runs finished"]
+        holder.kill()
+        holder.wait()
+        compare_algos.main(argv)
+        assert f"runs/{ipa.name}: stopped at step_000001, ends at step_000002" in capsys.readouterr().out
+        lock = ipa / "writer.lock"  # names this live process, but was written before it started
+        lock.write_text(f"{os.getpid()} {socket.gethostname()}\n")
+        os.utime(lock, (0, 0))
+        compare_algos.main(argv)
+        assert f"runs/{ipa.name}: stopped at step_000001" in capsys.readouterr().out
+        assert written() == before
+        assert not (runs / f"compare-{name}").exists()
+    finally:
+        if holder:
+            holder.kill()
+        for d in (sft, ipa, mine, more):
             shutil.rmtree(d, ignore_errors=True)
 
 
@@ -495,8 +545,15 @@ def test_decisions_given_on_the_command_line_stand_in_for_the_runs_they_are_read
     def listed(argv: list) -> list:
         monkeypatch.setattr(program, "DECIDED", {"plateau": {}, "best": {}})
         program.main(["--list", *argv])
-        return [compare_algos.parse_args(shlex.split(line.split("compare_algos.py ", 1)[1]))
-                for line in capsys.readouterr().out.splitlines() if "compare_algos.py " in line]
+        lines = capsys.readouterr().out.splitlines()
+        jobs = [compare_algos.parse_args(shlex.split(line.split("compare_algos.py ", 1)[1]))
+                for line in lines if "compare_algos.py " in line]
+        # each comparison's runs, indented under it, ending with its count (--status)
+        counts = [line for line in lines if line.startswith("    ") and line.endswith(" runs finished")]
+        assert [c.split(" of ")[1] for c in counts] == [
+            f"{len(a.seeds) * (1 + len(compare_algos.pick_variants(a)[0]) + (a.sft_more > 0))} runs finished"
+            for a in jobs], lines
+        return jobs
 
     doc = program.__doc__.replace("\\\n", " ")  # the example's continued line, as a shell reads it
     (example,) = [shlex.split(line.split("program.py", 1)[1]) for line in doc.splitlines()
