@@ -272,6 +272,8 @@ def seed_rows(finals: dict, seeds: list) -> str:
 
 def table(curves: dict) -> str:
     """Markdown: one row per eval step, one column per variant, 'mean ± sd (n seeds)'."""
+    if not curves:
+        return "No variant's run has finished yet."
     steps = sorted({s for runs in curves.values() for evals in runs for s in evals})
     lines = ["| step | " + " | ".join(curves) + " |", "|---:|" + "---:|" * len(curves)]
     for s in steps:

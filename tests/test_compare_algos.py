@@ -279,6 +279,13 @@ def test_the_final_table_pairs_seeds_and_gives_a_t_interval():
     assert "| copy | 1/2 | 2/2 | 0/0 |" in text
 
 
+def test_the_curve_table_before_any_variant_finished_says_so():
+    """compare.md is rewritten once a seed's SFT run lands, before any variant's: no empty table."""
+    assert compare_algos.table({}) == "No variant's run has finished yet."
+    assert compare_algos.table({"ipa": [{0: 0.5, 10: 0.75}]}).splitlines() == [
+        "| step | ipa |", "|---:|---:|", "| 0 | 50.0% ± 0.0% (1) |", "| 10 | 75.0% ± 0.0% (1) |"]
+
+
 def test_the_seed_rows_give_each_runs_interval_turns_and_kinds():
     """Each seed's row of each policy, as docs/results.md tabulates them: the final eval's success
     with its 95% interval, mean turns, and the passed episodes of each kind (of their count when
