@@ -381,7 +381,7 @@ def main(argv=None):
         if trained:
             write_tables(args, out, seeds, curves, used, finals, reference, control, quiet=True)
 
-    runs = plan(args, seeds, names, variants)
+    runs = plan(args, base, seeds, names, variants)
     if args.status:
         print(status(runs))
         return
@@ -404,15 +404,15 @@ def branches(args, base) -> bool:
     return base.sft.steps > 0 and not args.no_branch
 
 
-def plan(args, seeds: list, names: list, variants: dict) -> list[tuple]:
+def plan(args, base, seeds: list, names: list, variants: dict) -> list[tuple]:
     """The comparison's runs in the order they run: (row, seed, train.py's --set overrides, run
     directory, train.steps, the SFT run a variant branches from or None). Within a seed: its SFT run
-    (train.steps=0: its step-0 eval is the SFT-only policy's), the variants, the control."""
-    base = config.load_config(args.config, args.set)
-    runs = []
+    (train.steps=0: its step-0 eval is the SFT-only policy's), the variants, the control. `base`: the
+    config under args.set alone."""
+    runs, branching = [], branches(args, base)
     for seed in seeds:
         sft_dir = None
-        if branches(args, base):
+        if branching:
             sets = args.set + [f"seed={seed}", "train.steps=0",
                                f"run_name={base.run_name}-sft{base.sft.steps}-seed{seed}"]
             sft_dir = ROOT / config.load_config(args.config, sets).out_dir
