@@ -143,12 +143,12 @@ TASK_KEYS = ("train.generated_split=", "train.generated_kinds=", "train.curate_k
 def grpo_variants(seeds: list, keys: list = (), suffix: str = "",
                   prefix: str = "smollm2-multistep") -> tuple[list, list]:
     """(names, --variant arguments) of GRPO at each lr (seed 0), or at the model's best seed-0 lr
-    (more seeds), named with `suffix`, with `keys` on top: the headline recipe's TASK_KEYS, so GRPO
-    draws the tasks it does."""
+    (more seeds) once all of seed 0's have finished, named with `suffix`, with `keys` on top: the
+    headline recipe's TASK_KEYS, so GRPO draws the tasks it does."""
     lrs = {f"{name}{suffix}": lr for name, lr in GRPO_LRS.items()}
     if seeds != ["0"]:
         got = finished_success({name: f"{prefix}-{name}-seed0" for name in lrs}, RL_STEPS)
-        if got:
+        if len(got) == len(lrs):
             best = max(got, key=got.get)
             lrs = {best: lrs[best]}
     out = []
