@@ -10,7 +10,9 @@ to names the listing does not have. A second table counts each kind's groups (on
 of one step) that passed whole, mixed, or failed whole: only a mixed group sets a success beside a
 failure of the same task, and a near-deterministic policy makes few of them. An episode belongs to
 RL step policy_version + 1, the weights that sampled its first turn (train.mode sync: every turn
-of step s is sampled by version s - 1).
+of step s is sampled by version s - 1). An episode that started from an expert prefix
+(rollout.prefill_prob) counts under "KIND, prefilled": the expert's turns, not the policy's, may have
+passed it.
 """
 import argparse
 import collections
@@ -25,6 +27,12 @@ from generated_tasks import task_kind  # noqa: E402
 from multistep_choices import CLASSES, LISTED, choice  # noqa: E402
 
 
+def row_kind(row: dict) -> str:
+    """The table row of a trajectories.jsonl row: its task's kind, and whether an expert prefix
+    started it."""
+    return task_kind(row["task_name"]) + (", prefilled" if row.get("prefill_k") else "")
+
+
 def windows(rows: list, width: int) -> dict:
     """{(first step, last step): {kind: {"passed", "episodes", and per pick class a count}}}, in step
     order, from trajectories.jsonl rows; an episode that did not run (valid false) is left out."""
@@ -35,10 +43,10 @@ def windows(rows: list, width: int) -> dict:
             continue
         step = r["policy_version"] + 1
         lo = (step - 1) // width * width + 1
-        got = out[(lo, min(lo + width - 1, last))][kind := task_kind(r["task_name"])]
+        got = out[(lo, min(lo + width - 1, last))][row_kind(r)]
         got["episodes"] += 1
         got["passed"] += (r["reward"] or 0.0) > 0
-        if kind in LISTED:
+        if (kind := task_kind(r["task_name"])) in LISTED:
             got[choice(kind, r["messages"])] += 1
     return {w: dict(out[w]) for w in sorted(out)}
 
@@ -50,7 +58,7 @@ def group_outcomes(rows: list) -> dict:
     groups = collections.defaultdict(list)
     for r in rows:
         if r["valid"]:
-            key = (r["policy_version"], r["group_id"], task_kind(r["task_name"]))
+            key = (r["policy_version"], r["group_id"], row_kind(r))
             groups[key].append((r["reward"] or 0.0) > 0)
     out = collections.defaultdict(collections.Counter)
     for (_, _, kind), passed in groups.items():
@@ -80,11 +88,11 @@ def main(argv=None):
               f"right / first listed / other listed / not listed / no pick\n\n| kind | " + " | ".join(cols)
               + " |\n|---|" + "---|" * len(cols))
         for kind in sorted({k for w in got.values() for k in w}):
-            cells = []
+            cells, listed = [], kind.removesuffix(", prefilled") in LISTED
             for w in got.values():
                 c = w.get(kind)
                 cells.append("-" if c is None else f"{c['passed']} of {c['episodes']}" + (
-                    " (" + " / ".join(str(c[k]) for k in CLASSES) + ")" if kind in LISTED else ""))
+                    " (" + " / ".join(str(c[k]) for k in CLASSES) + ")" if listed else ""))
             print(f"| {kind} | " + " | ".join(cells) + " |")
         print("\n| kind | groups passed whole | mixed | failed whole |\n|---|---:|---:|---:|")
         for kind, c in sorted(group_outcomes(rows).items()):

@@ -182,7 +182,7 @@ def test_own_episodes_counts_a_runs_real_episodes_by_kind_window_and_pick(docker
     """bench/own_episodes.py on a trajectories.jsonl that rollout.write_jsonl wrote from episodes
     played in real containers: the oracle's pass and pick right, a policy that submits at once
     fails with no pick, each in the window of the RL step its policy version sampled; a kind not
-    drawn in a window is told from one that failed."""
+    drawn in a window is told from one that failed; episodes from expert prefixes count apart."""
     import rollout
     from policy import ScriptedPolicy
     sys.path.insert(0, str(ROOT / "bench"))
@@ -197,18 +197,28 @@ def test_own_episodes_counts_a_runs_real_episodes_by_kind_window_and_pick(docker
     # RL steps 1, 3, 4, 6; at step 7 one chmod group with a pass and a failure
     mixed = [dataclasses.replace(t, group_id=chmod[0].group_id)
              for t in chmod + [t for t in failed if G.task_kind(t.task_name) == "chmod"]]
-    for version, trajs in ((0, passed), (2, failed), (3, passed), (5, chmod), (6, mixed)):
+    # at step 8 chmod from expert prefixes: the no-op submits after the oracle's first k commands
+    with ScriptedPolicy(tiny_tokenizer, "fixed", commands=()) as noop:
+        prefilled = rollout.collect(tasks[:1], noop, docker_env, dataclasses.replace(rcfg, prefill_prob=1.0),
+                                    group_size=2, progress=False)
+    assert all(t.prefill_k > 0 for t in prefilled)
+    for version, trajs in ((0, passed), (2, failed), (3, passed), (5, chmod), (6, mixed), (7, prefilled)):
         for t in trajs:
             t.policy_version = version
         rollout.write_jsonl(trajs, tmp_path / "trajectories.jsonl")
     own_episodes.main([str(tmp_path), "--window", "2"])
     table = capsys.readouterr().out
-    assert "| kind | steps 1-2 | steps 3-4 | steps 5-6 | step 7 |" in table, table
+    assert "| kind | steps 1-2 | steps 3-4 | steps 5-6 | steps 7-8 |" in table, table
     right, half = "1 of 1 (1 / 0 / 0 / 0 / 0)", "1 of 2 (1 / 0 / 0 / 0 / 1)"
     assert f"| chmod | {right} | {half} | {right} | {half} |" in table, table
-    assert "| grep | 1 of 1 | 1 of 2 | - | - |" in table, table  # not drawn in steps 5-7
-    # groups passed whole, mixed, failed whole: the mixed one is step 7's
+    assert "| grep | 1 of 1 | 1 of 2 | - | - |" in table, table  # not drawn in steps 5-8
+    # the prefilled episodes apart from the policy's own: what passed them may be the expert's turns
+    won = sum(t.reward > 0 for t in prefilled)
+    assert f"| chmod, prefilled | - | - | - | {won} of 2 (" in table, table
+    # groups passed whole, mixed, failed whole: the mixed one is step 7's; the prefilled one apart
     assert "| chmod | 3 | 1 | 1 |" in table and "| grep | 2 | 0 | 1 |" in table, table
+    whole = "1 | 0 | 0" if won == 2 else "0 | 1 | 0" if won else "0 | 0 | 1"
+    assert f"| chmod, prefilled | {whole} |" in table, table
     with pytest.raises(SystemExit, match="not there"):
         own_episodes.main([str(tmp_path / "sft-only")])
     with pytest.raises(SystemExit, match="curate_trajectories.jsonl: not there"):  # the log it was told
