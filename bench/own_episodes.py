@@ -27,14 +27,18 @@ from generated_tasks import task_kind  # noqa: E402
 from multistep_choices import CLASSES, LISTED, choice  # noqa: E402
 
 
-def row_kind(row: dict) -> str:
-    """The table row of a trajectories.jsonl row: its task's kind, and whether an expert prefix
-    started it."""
-    return task_kind(row["task_name"]) + (", prefilled" if row.get("prefill_k") else "")
+def row_kind(row: dict) -> tuple[str, bool]:
+    """The table row of a trajectories.jsonl row: (its task's kind, whether an expert prefix
+    started it)."""
+    return task_kind(row["task_name"]), bool(row.get("prefill_k"))
+
+
+def label(key: tuple[str, bool]) -> str:
+    return key[0] + (", prefilled" if key[1] else "")
 
 
 def windows(rows: list, width: int) -> dict:
-    """{(first step, last step): {kind: {"passed", "episodes", and per pick class a count}}}, in step
+    """{(first step, last step): {row_kind: {"passed", "episodes", and per pick class a count}}}, in step
     order, from trajectories.jsonl rows; an episode that did not run (valid false) is left out."""
     out = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
     last = max((r["policy_version"] + 1 for r in rows), default=0)
@@ -43,16 +47,16 @@ def windows(rows: list, width: int) -> dict:
             continue
         step = r["policy_version"] + 1
         lo = (step - 1) // width * width + 1
-        got = out[(lo, min(lo + width - 1, last))][row_kind(r)]
+        got = out[(lo, min(lo + width - 1, last))][key := row_kind(r)]
         got["episodes"] += 1
         got["passed"] += (r["reward"] or 0.0) > 0
-        if (kind := task_kind(r["task_name"])) in LISTED:
+        if (kind := key[0]) in LISTED:
             got[choice(kind, r["messages"])] += 1
     return {w: dict(out[w]) for w in sorted(out)}
 
 
 def group_outcomes(rows: list) -> dict:
-    """{kind: Counter of "all passed", "mixed", "all failed"} over the groups of trajectories.jsonl
+    """{row_kind: Counter of "all passed", "mixed", "all failed"} over the groups of trajectories.jsonl
     rows: a group is one task's episodes sampled at one RL step (its group_id and policy_version);
     an episode that did not run is left out."""
     groups = collections.defaultdict(list)
@@ -88,15 +92,15 @@ def main(argv=None):
               f"right / first listed / other listed / not listed / no pick\n\n| kind | " + " | ".join(cols)
               + " |\n|---|" + "---|" * len(cols))
         for kind in sorted({k for w in got.values() for k in w}):
-            cells, listed = [], kind.removesuffix(", prefilled") in LISTED
+            cells = []
             for w in got.values():
                 c = w.get(kind)
                 cells.append("-" if c is None else f"{c['passed']} of {c['episodes']}" + (
-                    " (" + " / ".join(str(c[k]) for k in CLASSES) + ")" if listed else ""))
-            print(f"| {kind} | " + " | ".join(cells) + " |")
+                    " (" + " / ".join(str(c[k]) for k in CLASSES) + ")" if kind[0] in LISTED else ""))
+            print(f"| {label(kind)} | " + " | ".join(cells) + " |")
         print("\n| kind | groups passed whole | mixed | failed whole |\n|---|---:|---:|---:|")
         for kind, c in sorted(group_outcomes(rows).items()):
-            print(f"| {kind} | {c['all passed']} | {c['mixed']} | {c['all failed']} |")
+            print(f"| {label(kind)} | {c['all passed']} | {c['mixed']} | {c['all failed']} |")
 
 
 if __name__ == "__main__":
