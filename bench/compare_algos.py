@@ -11,6 +11,7 @@ adds online difficulty filtering (train.filter_window).
         --variants ipa ipa-token ipa-prefill ipa-filter grpo --sft-more 80
     python bench/compare_algos.py --variants ipa --variant lr-high=train.lr=5e-3,algo.gamma=0.9  # then yours
     python bench/compare_algos.py --no-run             # only summarise the runs already there
+    python bench/compare_algos.py --no-run --at-step 10   # the same tables at RL step 10's eval
     python bench/compare_algos.py --status             # each run: finished, running, stopped, not started
 
 Each variant is `--set` overrides on top of --config: a built-in one (VARIANTS) or your own,
@@ -41,7 +42,8 @@ up where it was: a finished run (summary.txt, its last checkpoint at train.steps
 an unfinished one resumed with train.py --resume, a missing one branched (or run). The tables: held-
 out success by RL step (mean ± sd), then at the final eval per row (SFT-only, each variant, the
 control): each seed, mean, sd, and the paired per-seed difference to the SFT-only policy and to the
-reference with its 95% t-interval over seeds; success by kind and turns per episode.
+reference with its 95% t-interval over seeds; success by kind and turns per episode. --at-step N
+gives those tables at the variants' eval of RL step N instead (compare-step<N>.md, beside compare.md).
 """
 import argparse
 import collections
@@ -189,13 +191,18 @@ def train(sets: list, config_path: str, run_dir: Path, steps: int, no_run: bool,
     return True
 
 
-def final_eval(run_dir: Path) -> dict:
-    """The run's last held-out eval: success and its 95% interval (metrics.jsonl), its episodes (the
-    valid ones of eval_trajectories.jsonl at that step's policy version), and from them [passed,
-    episodes] by task kind (the task name's last part) and the turns of each episode."""
+def final_eval(run_dir: Path, step: int | None = None) -> dict:
+    """The run's held-out eval at RL step `step` (None: its last): success and its 95% interval
+    (metrics.jsonl), its episodes (the valid ones of eval_trajectories.jsonl at that step's policy
+    version), and from them [passed, episodes] by task kind (the task name's last part) and the turns
+    of each episode."""
     h = held_out(run_dir)
     evals = h["evals"]
-    step = max(evals)
+    if step is None:
+        step = max(evals)
+    elif step not in evals:
+        raise SystemExit(f"{run_dir}: no held-out eval at RL step {step}; it has one at step "
+                         f"{', '.join(map(str, sorted(evals)))} (eval.every sets which)")
     kinds, turns, episodes = collections.defaultdict(lambda: [0, 0]), [], []
     path = run_dir / "eval_trajectories.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -334,6 +341,10 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None,
                     help="where the table and PNG go (default: runs/compare-<run_name>)")
     ap.add_argument("--no-run", action="store_true", help="summarise existing runs only")
+    ap.add_argument("--at-step", type=int, default=None, metavar="N",
+                    help="the per-seed and paired tables at the variants' eval of RL step N instead of "
+                         "their last (SFT-only and the control keep their one eval), into "
+                         "compare-step<N>.md")
     ap.add_argument("--status", action="store_true",
                     help="say where each run stands (finished, running, stopped at a checkpoint, not "
                          "started); run and write nothing")
@@ -377,7 +388,7 @@ def main(argv=None):
         """A run's final eval into its row, and after a run that trained the tables rewritten: they
         grow as runs finish, so a program of many hours shows what has landed (its later seeds'
         cells read -); runs only summarised leave that to the end."""
-        finals[row][seed] = final_eval(run_dir)
+        finals[row][seed] = final_eval(run_dir, args.at_step if row in curves else None)
         if trained:
             write_tables(args, out, seeds, curves, used, finals, reference, control, quiet=True)
 
@@ -498,10 +509,11 @@ def write_tables(args, out: Path, seeds: list, curves: dict, used: dict, finals:
     finals = {name: runs for name, runs in finals.items() if runs}  # a row none of whose runs is there
     curves = {name: runs for name, runs in curves.items() if runs}
     differ = sorted({k for diffs in differences(used, reference).values() for k, _, _ in diffs})
+    at = "each row's final eval" if args.at_step is None else f"each variant's eval of RL step {args.at_step}"
     md = [f"Held-out success (mean ± sd over seeds {seeds}) by RL step; config {args.config}"
           + (f" with {' '.join(args.set)}" if args.set else "") + ".", "", table(curves), "",
-          "At each row's final eval (SFT-only: the seed's SFT run at step 0; the differences are paired by "
-          "seed, in points):", "", final_table(finals, seeds, reference if reference in finals else None), "",
+          f"At {at} (SFT-only: the seed's SFT run at step 0; the differences are paired by seed, in points):",
+          "", final_table(finals, seeds, reference if reference in finals else None), "",
           "Each seed's rows:", "", seed_rows(finals, seeds), "",
           f"Where each variant differs from {reference}:", "", *diff_lines(used, reference),
           *([f"- **{control}**: {args.sft_more} more SFT steps from the seed's SFT-only checkpoint, no RL"
@@ -512,10 +524,11 @@ def write_tables(args, out: Path, seeds: list, curves: dict, used: dict, finals:
                "| key | " + " | ".join(used) + " |", "|---|" + "---|" * len(used)]
         md += [f"| {k} | " + " | ".join(str(u.get(k)) for u in used.values()) + " |" for k in differ]
     text = "\n".join(md) + "\n"
-    (out / "compare.md").write_text(text)
+    table_path = out / ("compare.md" if args.at_step is None else f"compare-step{args.at_step}.md")
+    table_path.write_text(text)
     drawn = plot(curves, out / "compare.png")
     if not quiet:
-        print("\n" + text + "\n" + drawn + f"\ntable: {out / 'compare.md'}")
+        print("\n" + text + "\n" + drawn + f"\ntable: {table_path}")
 
 
 if __name__ == "__main__":

@@ -211,6 +211,40 @@ def test_no_run_summarises_finished_runs_in_a_stable_order(capsys):
             shutil.rmtree(d, ignore_errors=True)
 
 
+def test_at_step_gives_the_tables_at_that_eval_beside_the_final_ones(capsys):
+    """--at-step N: each variant's row at its eval of RL step N (success, interval, kinds, turns), in
+    compare-step<N>.md; compare.md keeps the final evals; a step never evaluated is refused, naming
+    the steps that were."""
+    name = f"cmpstep{os.getpid()}"
+    runs = ROOT / "runs"
+    made = [runs / f"{name}-ipa-seed{s}" for s in (0, 1)]
+    out = runs / f"compare-{name}"
+    args = ["--config", str(TINY), "--no-run", "--seeds", "0", "1", "--set", f"run_name={name}",
+            "--set", "train.steps=2", "--variants", "ipa"]
+    try:
+        for s, d in enumerate(made):
+            _finished(d, 2, {0: 0.25, 1: 0.5 + 0.25 * s, 2: 1.0})
+            (d / "eval_trajectories.jsonl").write_text("".join(json.dumps(
+                {"task_name": f"t{i}-{kind}", "valid": True, "policy_version": step, "reward": float(passed),
+                 "num_turns": turns}) + "\n"
+                for step, passed, turns in ((1, s == 1, 3), (2, True, 2))
+                for i, kind in enumerate(("copy", "count"))))
+        compare_algos.main(args)
+        compare_algos.main(args + ["--at-step", "1"])
+        final, at1 = (out / "compare.md").read_text(), (out / "compare-step1.md").read_text()
+        assert "At each row's final eval" in final and "| ipa | 100.0% | 100.0% | 100.0% |" in final, final
+        assert "At each variant's eval of RL step 1" in at1, at1
+        assert "| ipa | 50.0% | 75.0% | 62.5% | 17.7 |" in at1, at1
+        assert "| 0 | ipa | 50.0% | 3.00 | 0 0 (of 1) |" in at1, at1
+        assert "| 1 | ipa | 75.0% | 3.00 | 1 1 (of 1) |" in at1, at1
+        assert "| 0 | ipa | 100.0% | 2.00 | 1 1 (of 1) |" in final, final
+        with pytest.raises(SystemExit, match="no held-out eval at RL step 3; it has one at step 0, 1, 2"):
+            compare_algos.main(args + ["--at-step", "3"])
+    finally:
+        for d in made + [out]:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def test_status_says_where_each_run_stands_and_runs_nothing(capsys):
     """--status lists the comparison's runs in the order they run: the seed's SFT run, the variants,
     the control; each finished, running (a live process holds its lock), stopped at its newest
