@@ -3,6 +3,7 @@ that passed of those it sampled, in windows of --window RL steps; and on the kin
 is a file picked out of a listing (bench/multistep_choices.py), what the policy picked.
 
     python bench/own_episodes.py runs/gemma3-multistep-ipa-rl-split-seed0 --window 10
+    python bench/own_episodes.py runs/gemma3-multistep-ipa-rl-split-seed0 --groups archive
 
 Held-out success says where a policy ended; this says what RL's reward saw on the way there: a
 kind learnt, left alone or lost, and picks that drift to a shortcut (the listing's first file) or
@@ -12,7 +13,8 @@ failure of the same task, and a near-deterministic policy makes few of them. An 
 RL step policy_version + 1, the weights that sampled its first turn (train.mode sync: every turn
 of step s is sampled by version s - 1). An episode that started from an expert prefix
 (rollout.prefill_prob) counts under "KIND, prefilled": the expert's turns, not the policy's, may have
-passed it.
+passed it. --groups KIND lists that kind's groups one by one instead: when each came, from which
+expert prefix, how many passed, and the last command its episodes ran (what a kind's failures do).
 """
 import argparse
 import collections
@@ -70,6 +72,46 @@ def group_outcomes(rows: list) -> dict:
     return dict(out)
 
 
+def last_command(messages: list) -> str | None:
+    """The last bash command an episode ran, the expert prefix's included; None if it ran none."""
+    calls = [m["tool_call"] for m in messages if m["role"] == "assistant" and m.get("tool_call")]
+    cmds = [c["arguments"].get("command", "") for c in calls if c["name"] == "bash"]
+    return cmds[-1] if cmds else None
+
+
+def kind_groups(rows: list, kind: str) -> list[dict]:
+    """The groups of one kind in step order: {"step", "task", "k" (the expert prefix's commands, 0 for
+    none), "passed", "episodes", "last" (a Counter of the episodes' last_command)}; an episode that
+    did not run is left out."""
+    groups = {}
+    for r in rows:
+        if r["valid"] and task_kind(r["task_name"]) == kind:
+            g = groups.setdefault((r["policy_version"], r["group_id"]), {
+                "step": r["policy_version"] + 1, "task": r["task_name"], "k": r.get("prefill_k") or 0,
+                "passed": 0, "episodes": 0, "last": collections.Counter()})
+            g["episodes"] += 1
+            g["passed"] += (r["reward"] or 0.0) > 0
+            g["last"][last_command(r["messages"])] += 1
+    return [groups[key] for key in sorted(groups)]
+
+
+def groups_table(rows: list, kind: str, where: Path) -> str:
+    """Markdown: a row per group of `kind` (kind_groups), its two commonest last commands."""
+    got = kind_groups(rows, kind)
+    if not got:
+        drawn = sorted({task_kind(r["task_name"]) for r in rows})
+        raise SystemExit(f"--groups {kind}: {where} has no group of that kind; its kinds: {', '.join(drawn)}")
+    lines = ["| step | task | prefix k | passed | last command (episodes) |", "|---:|---|---:|---|---|"]
+    for g in got:
+        common = g["last"].most_common()
+        cells = [("no command" if cmd is None else f"`{cmd}`".replace("|", "\\|")) + f" ({n})"
+                 for cmd, n in common[:2]]
+        rest = sum(n for _, n in common[2:])
+        lines.append(f"| {g['step']} | {g['task']} | {g['k']} | {g['passed']} of {g['episodes']} | "
+                     + "; ".join(cells) + (f"; {rest} other" if rest else "") + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="RL run directories with a trajectories.jsonl")
@@ -77,6 +119,9 @@ def main(argv=None):
     ap.add_argument("--log", default="trajectories.jsonl",
                     help="the run's episodes to read: curate_trajectories.jsonl for its start policy's "
                          "curation (train.curate_k), one group a task")
+    ap.add_argument("--groups", metavar="KIND", default=None,
+                    help="instead of the tables: each group of this kind in step order, with its expert "
+                         "prefix, episodes passed and the last commands its episodes ran")
     args = ap.parse_args(argv)
     if args.window < 1:
         raise SystemExit(f"--window {args.window}: it must be 1 or more RL steps")
@@ -86,6 +131,9 @@ def main(argv=None):
             raise SystemExit(f"{path}: not there; an RL run writes trajectories.jsonl (train.steps > 0) "
                              f"and, with train.curate_k, curate_trajectories.jsonl; an SFT-only run neither")
         rows = [json.loads(line) for line in path.open()]
+        if args.groups:
+            print(f"\n{run.name}: the {args.groups} groups\n\n" + groups_table(rows, args.groups, path))
+            continue
         got = windows(rows, args.window)
         cols = [f"step {a}" if a == b else f"steps {a}-{b}" for a, b in got]
         print(f"\n{run.name}: episodes passed of those sampled, by kind (-: none drawn); picks as "

@@ -182,7 +182,8 @@ def test_own_episodes_counts_a_runs_real_episodes_by_kind_window_and_pick(docker
     """bench/own_episodes.py on a trajectories.jsonl that rollout.write_jsonl wrote from episodes
     played in real containers: the oracle's pass and pick right, a policy that submits at once
     fails with no pick, each in the window of the RL step its policy version sampled; a kind not
-    drawn in a window is told from one that failed; episodes from expert prefixes count apart."""
+    drawn in a window is told from one that failed; episodes from expert prefixes count apart; and
+    --groups lists a kind's groups in step order with their prefix and last commands."""
     import rollout
     from policy import ScriptedPolicy
     sys.path.insert(0, str(ROOT / "bench"))
@@ -219,6 +220,19 @@ def test_own_episodes_counts_a_runs_real_episodes_by_kind_window_and_pick(docker
     assert "| chmod | 3 | 1 | 1 |" in table and "| grep | 2 | 0 | 1 |" in table, table
     whole = "1 | 0 | 0" if won == 2 else "0 | 1 | 0" if won else "0 | 0 | 1"
     assert f"| chmod, prefilled | {whole} |" in table, table
+    # --groups: each chmod group in step order, its prefix, passes and its episodes' last commands
+    own_episodes.main([str(tmp_path), "--groups", "chmod"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "-chmod |" in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 3", "| 4", "| 6", "| 7", "| 8"], rows
+    oracle = [c.replace("|", "\\|") for c in oracle_commands(tasks[0])]
+    assert rows[0].endswith(f"| 0 | 1 of 1 | `{oracle[-1]}` (1) |"), rows
+    assert rows[1].endswith("| 0 | 0 of 1 | no command (1) |"), rows
+    assert f"| 0 | 1 of 2 | `{oracle[-1]}` (1); no command (1) |" in rows[4], rows
+    k = prefilled[0].prefill_k  # one anchor a group: the no-op's last command is the prefix's last
+    assert rows[5].endswith(f"| {k} | {won} of 2 | `{oracle[k - 1]}` (2) |"), rows
+    with pytest.raises(SystemExit, match="--groups copy: .* no group of that kind; its kinds: chmod, grep"):
+        own_episodes.main([str(tmp_path), "--groups", "copy"])
     with pytest.raises(SystemExit, match="not there"):
         own_episodes.main([str(tmp_path / "sft-only")])
     with pytest.raises(SystemExit, match="curate_trajectories.jsonl: not there"):  # the log it was told
