@@ -57,17 +57,21 @@ def windows(rows: list, width: int) -> dict:
     return {w: dict(out[w]) for w in sorted(out)}
 
 
-def group_outcomes(rows: list) -> dict:
-    """{row_kind: Counter of "all passed", "mixed", "all failed"} over the groups of trajectories.jsonl
-    rows: a group is one task's episodes sampled at one RL step (its group_id and policy_version);
-    an episode that did not run is left out."""
+def groups_of(rows: list) -> dict:
+    """{(policy_version, group_id, row_kind): its rows} over trajectories.jsonl rows: a group is one
+    task's episodes sampled at one RL step; an episode that did not run is left out."""
     groups = collections.defaultdict(list)
     for r in rows:
         if r["valid"]:
-            key = (r["policy_version"], r["group_id"], row_kind(r))
-            groups[key].append((r["reward"] or 0.0) > 0)
+            groups[(r["policy_version"], r["group_id"], row_kind(r))].append(r)
+    return groups
+
+
+def group_outcomes(rows: list) -> dict:
+    """{row_kind: Counter of "all passed", "mixed", "all failed"} over the groups (groups_of)."""
     out = collections.defaultdict(collections.Counter)
-    for (_, _, kind), passed in groups.items():
+    for (_, _, kind), group in groups_of(rows).items():
+        passed = [(r["reward"] or 0.0) > 0 for r in group]
         out[kind]["all passed" if all(passed) else "all failed" if not any(passed) else "mixed"] += 1
     return dict(out)
 
@@ -80,19 +84,12 @@ def last_command(messages: list) -> str | None:
 
 
 def kind_groups(rows: list, kind: str) -> list[dict]:
-    """The groups of one kind in step order: {"step", "task", "k" (the expert prefix's commands, 0 for
-    none), "passed", "episodes", "last" (a Counter of the episodes' last_command)}; an episode that
-    did not run is left out."""
-    groups = {}
-    for r in rows:
-        if r["valid"] and task_kind(r["task_name"]) == kind:
-            g = groups.setdefault((r["policy_version"], r["group_id"]), {
-                "step": r["policy_version"] + 1, "task": r["task_name"], "k": r.get("prefill_k") or 0,
-                "passed": 0, "episodes": 0, "last": collections.Counter()})
-            g["episodes"] += 1
-            g["passed"] += (r["reward"] or 0.0) > 0
-            g["last"][last_command(r["messages"])] += 1
-    return [groups[key] for key in sorted(groups)]
+    """The groups (groups_of) of one kind in step order: {"step", "task", "k" (the expert prefix's
+    commands, 0 for none), "passed", "episodes", "last" (a Counter of the episodes' last_command)}."""
+    return [{"step": version + 1, "task": group[0]["task_name"], "k": group[0].get("prefill_k") or 0,
+             "passed": sum((r["reward"] or 0.0) > 0 for r in group), "episodes": len(group),
+             "last": collections.Counter(last_command(r["messages"]) for r in group)}
+            for (version, _, (of, _)), group in sorted(groups_of(rows).items()) if of == kind]
 
 
 def groups_table(rows: list, kind: str, where: Path) -> str:
