@@ -10,7 +10,7 @@ adds online difficulty filtering (train.filter_window).
     python bench/compare_algos.py --config configs/smollm2-multistep.yaml \
         --variants ipa ipa-token ipa-prefill ipa-filter grpo --sft-more 80
     python bench/compare_algos.py --variants ipa --variant lr-high=train.lr=5e-3,algo.gamma=0.9  # then yours
-    python bench/compare_algos.py --no-run             # only summarise the runs already there
+    python bench/compare_algos.py --no-run             # only summarise the runs that finished
     python bench/compare_algos.py --no-run --at-step 10   # the same tables at RL step 10's eval
     python bench/compare_algos.py --status             # each run: finished, running, stopped, not started
 
@@ -167,14 +167,10 @@ def branch(sft_dir: Path, run_dir: Path):
     os.rename(tmp, run_dir)
 
 
-def train(sets: list, config_path: str, run_dir: Path, steps: int, no_run: bool,
-          sft_dir: Path | None = None) -> bool:
+def train(sets: list, config_path: str, run_dir: Path, steps: int, sft_dir: Path | None = None) -> bool:
     """Bring one run to its end: summarise a finished one, resume a stopped one, branch a missing
     one from sft_dir's SFT-only start (when given) or run it. Whether it trained."""
     action = run_action(run_dir, steps)
-    if action != "summarise" and no_run:
-        raise SystemExit(f"{run_dir}: {'not there' if action == 'run' else 'unfinished'}: "
-                         f"run without --no-run first")
     if action == "summarise":
         print(f"{run_dir}: finished, summarised", flush=True)
         return False
@@ -340,7 +336,8 @@ def parse_args(argv=None):
                     help="passed on to train.py for every variant (e.g. a shorter budget)")
     ap.add_argument("--out", default=None,
                     help="where the table and PNG go (default: runs/compare-<run_name>)")
-    ap.add_argument("--no-run", action="store_true", help="summarise existing runs only")
+    ap.add_argument("--no-run", action="store_true",
+                    help="summarise the finished runs only, leaving out the rest")
     ap.add_argument("--at-step", type=int, default=None, metavar="N",
                     help="the per-seed and paired tables at the variants' eval of RL step N instead of "
                          "their last (SFT-only and the control keep their one eval), into "
@@ -397,9 +394,11 @@ def main(argv=None):
         print(status(runs))
         return
     for row, seed, sets, run_dir, steps, sft_dir in runs:
-        if row == "SFT-only" and args.no_run and run_action(run_dir, 0) != "summarise":
-            continue  # --no-run: the SFT-only row only if it is there
-        trained = train(sets, args.config, run_dir, steps, args.no_run, sft_dir)
+        if args.no_run and (action := run_action(run_dir, steps)) != "summarise":
+            # a program midway: its table from the runs that finished, each other cell -
+            print(f"{run_dir}: {'not there' if action == 'run' else 'unfinished'}, left out (--no-run)")
+            continue
+        trained = train(sets, args.config, run_dir, steps, sft_dir)
         if row in curves:
             evals = held_out(run_dir)["evals"]
             if not evals:
@@ -407,6 +406,8 @@ def main(argv=None):
                                  f"and data.eval_tasks)")
             curves[row].append(evals)
         finished(row, seed, run_dir, trained)
+    if not any(finals.values()):
+        raise SystemExit("--no-run: no run of this comparison has finished yet; run it without --no-run")
     write_tables(args, out, seeds, curves, used, finals, reference, control)
 
 

@@ -195,7 +195,18 @@ def test_no_run_summarises_finished_runs_in_a_stable_order(capsys):
         compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0", "--set", f"run_name={name}",
                             "--set", "train.steps=1", "--variants", "ipa"])
         assert "Keys that differ" not in (out / "compare.md").read_text()  # one variant: no empty table
-        with pytest.raises(SystemExit, match="unfinished"):
+        (made[3] / "summary.txt").unlink()  # mine, seed 1: stopped after its last checkpoint
+        capsys.readouterr()
+        # a program midway: the table of the runs that finished
+        compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0", "1", "2",
+                            "--set", f"run_name={name}", "--set", "train.steps=1",
+                            "--variants", "ipa", "mine", "--variant", "mine=algo.level=token"])
+        printed, text = capsys.readouterr().out, (out / "compare.md").read_text()
+        assert f"{made[3]}: unfinished, left out (--no-run)" in printed
+        assert f"{runs / f'{name}-ipa-seed2'}: not there, left out (--no-run)" in printed
+        assert "| ipa | 25.0% | 50.0% | - | 37.5% |" in text, text
+        assert "| mine | 75.0% | - | - | 75.0% |" in text, text
+        with pytest.raises(SystemExit, match="no run of this comparison has finished"):
             compare_algos.main(["--config", str(TINY), "--no-run", "--seeds", "0",
                                 "--set", f"run_name={name}", "--set", "train.steps=2", "--variants", "ipa"])
         with pytest.raises(SystemExit, match="variant mine: .*rollout.top_p"):  # before ipa's unfinished run
