@@ -214,11 +214,13 @@ def final_eval(run_dir: Path, step: int | None = None) -> dict:
 
 def paired(xs: list, refs: list) -> str:
     """Mean per-seed difference xs - refs in points with its 95% t-interval over the seeds."""
+    def pts(v):  # differences that cancel read +0.0, not a rounding error's -0.0
+        return f"{round(v, 1) + 0.0:+.1f}"
     d = [100 * (x - r) for x, r in zip(xs, refs)]
     if len(d) < 2:
-        return f"{d[0]:+.1f}" if d else "-"
-    half = T975.get(len(d) - 1, 1.96) * statistics.stdev(d) / len(d) ** 0.5
-    return f"{statistics.mean(d):+.1f} [{statistics.mean(d) - half:+.1f}, {statistics.mean(d) + half:+.1f}]"
+        return pts(d[0]) if d else "-"
+    mean, half = statistics.mean(d), T975.get(len(d) - 1, 1.96) * statistics.stdev(d) / len(d) ** 0.5
+    return f"{pts(mean)} [{pts(mean - half)}, {pts(mean + half)}]"
 
 
 def final_table(finals: dict, seeds: list, reference: str | None) -> str:

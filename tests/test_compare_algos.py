@@ -322,6 +322,8 @@ def test_the_final_table_pairs_seeds_and_gives_a_t_interval():
     # a row without seed 2 is paired on the seeds it has: +0 and +25, t(1) 12.706
     assert "| sft-more 8 | 50.0% | 50.0% | - | 50.0% | 0.0 | +12.5 [-146.3, +171.3] |" in rows["sft-more 8"]
     assert "| copy | 1/2 | 2/2 | 0/0 |" in text
+    # differences that cancel read +0.0, not the -0.0 of a rounding error's sign
+    assert compare_algos.paired([0.725, 0.725], [0.7375, 0.7125]) == "+0.0 [-15.9, +15.9]"
 
 
 def test_the_curve_table_before_any_variant_finished_says_so():
