@@ -233,6 +233,17 @@ def test_readme_is_a_guide_whose_figures_point_to_the_results():
                 f"README links to {target}{anchor}: no such heading ({sorted(headings)})"
 
 
+def test_links_within_the_docs_name_headings_that_exist():
+    """A link from one of docs/*.md to a heading (its own, `#...`, or another doc's, `x.md#...`)
+    names a file and heading that exist: a heading renamed as a section's figures land breaks none."""
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for target, anchor in re.findall(r"\]\(([^)#\s:]*)(#[^)\s]*)\)", doc.read_text()):
+            linked = doc.parent / target if target else doc
+            assert linked.exists(), f"{doc.name} links to {target}, which does not exist"
+            headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), re.M)}
+            assert anchor in headings, f"{doc.name} links to {target}{anchor}: no such heading"
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
     """A copy of the working tree as a fresh git repo, plus `python`/`torchrun` on PATH as this
