@@ -398,7 +398,8 @@ def main(argv=None):
     for row, seed, sets, run_dir, steps, sft_dir in runs:
         if args.no_run and (action := run_action(run_dir, steps)) != "summarise":
             # a program midway: its table from the runs that finished, each other cell -
-            print(f"{run_dir}: {'not there' if action == 'run' else 'unfinished'}, left out (--no-run)")
+            print(f"{run_dir}: {'not there' if action == 'run' else 'unfinished'}, left out (--no-run)",
+                  flush=True)
             continue
         trained = train(sets, args.config, run_dir, steps, sft_dir)
         if row in curves:
