@@ -209,6 +209,11 @@ def _anchor(heading: str) -> str:
     return "#" + re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def _headings(doc) -> set:
+    """The link anchors of a markdown file's headings."""
+    return {_anchor(h) for h in re.findall(r"^#+ (.*)$", doc.read_text(), re.M)}
+
+
 def test_readme_is_a_guide_whose_figures_point_to_the_results():
     """The README stays a guide of at most 300 lines; every figure in its "What it achieves" table is
     the text of a link into docs/results.md, and every link into docs/ names a file (and heading)
@@ -228,9 +233,8 @@ def test_readme_is_a_guide_whose_figures_point_to_the_results():
         doc = ROOT / target
         assert doc.exists(), f"README links to {target}, which does not exist"
         if anchor:
-            headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", doc.read_text(), re.M)}
-            assert anchor in headings, \
-                f"README links to {target}{anchor}: no such heading ({sorted(headings)})"
+            assert anchor in _headings(doc), \
+                f"README links to {target}{anchor}: no such heading ({sorted(_headings(doc))})"
 
 
 def test_links_within_the_docs_name_headings_that_exist():
@@ -240,8 +244,7 @@ def test_links_within_the_docs_name_headings_that_exist():
         for target, anchor in re.findall(r"\]\(([^)#\s:]*)(#[^)\s]*)\)", doc.read_text()):
             linked = doc.parent / target if target else doc
             assert linked.exists(), f"{doc.name} links to {target}, which does not exist"
-            headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), re.M)}
-            assert anchor in headings, f"{doc.name} links to {target}{anchor}: no such heading"
+            assert anchor in _headings(linked), f"{doc.name} links to {target}{anchor}: no such heading"
 
 
 @pytest.fixture(scope="module")
