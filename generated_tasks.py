@@ -76,6 +76,13 @@ def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None)
                      n, seed, split, kinds)
 
 
+# The time every file a generated task's setup makes carries (2026-01-01 00:00 UTC), set once the
+# setup ran: `ls -l` prints it, and a time of the episode's start would put the wall clock into the
+# tokens SFT imitates and a policy reads
+# (tests/test_multistep.py::test_a_tasks_files_carry_one_fixed_time_whenever_an_episode_starts).
+SETUP_MTIME = 1767225600
+
+
 def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, kinds) -> list[Task]:
     """n tasks of a family whose `one(kind, rng, split)` gives (instruction, setup, solution,
     [(check name, bash condition)], metadata): kinds cycled, parameters drawn from seed."""
@@ -83,7 +90,7 @@ def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, 
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
     kinds = list(kinds or all_kinds)
     rng = random.Random(f"termrl-{family}:{seed}:{split}")
-    tasks = []
+    tasks, pin = [], f"find /app -exec touch -h -d @{SETUP_MTIME} {{}} +"
     for i in range(n):
         kind = kinds[i % len(kinds)]
         instruction, setup, solution, checks, meta = one(kind, rng, split)
@@ -92,7 +99,7 @@ def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, 
         tests = {"test.sh": f"#!/bin/bash\nfail=0\n{test}exit $fail\n".encode()}
         tasks.append(Task(
             name=f"{family}-{split}-{seed}-{i:04d}-{kind}", instruction=instruction, layout="generated",
-            image=BASE_IMAGE, setup=f"mkdir -p /app\n{setup}".strip(), tests=tests,
+            image=BASE_IMAGE, setup="\n".join(c for c in ("mkdir -p /app", setup, pin) if c), tests=tests,
             test_command="bash /tests/test.sh", solution=solution + "\n", workdir="/app",
             agent_timeout_s=120, test_timeout_s=30, memory_mb=256, cpus=1.0, pids=128,
             metadata={"family": family, "kind": kind, "split": split, "seed": seed, "index": i, **meta}))
@@ -296,7 +303,7 @@ def _archive(rng, split):
              for j in range(n)]
     setup = (f"mkdir -p {' '.join(f'/tmp/pack/{top}/{s}' for s in subs)}\n"
              + "\n".join(f"echo {rng.choice(words)} > {f}" for f in files)
-             + f"\ntar -czf /app/bundle.tar.gz -C /tmp/pack {top}\nrm -rf /tmp/pack")
+             + f"\ntar -czf /app/bundle.tar.gz --mtime=@{SETUP_MTIME} -C /tmp/pack {top}\nrm -rf /tmp/pack")
     return ("Extract /app/bundle.tar.gz into /app/unpacked, then write one line to /app/tally.txt of the "
             "form `files: N`, N being the number of regular files the archive holds.", setup,
             "mkdir -p /app/unpacked && tar -xzf /app/bundle.tar.gz -C /app/unpacked\n"

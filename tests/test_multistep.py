@@ -50,6 +50,21 @@ def test_the_deciding_value_is_seen_in_an_earlier_output_before_the_oracle_types
                                       for out in outputs[:first]), (task.name, value, outputs)
 
 
+def test_a_tasks_files_carry_one_fixed_time_whenever_an_episode_starts(docker_env):
+    """`ls -l` (chmod's inspection) prints each file's time: set at the episode's start, it would
+    put the wall clock into the oracle trajectories SFT imitates and the observations a policy acts
+    on, so two runs of one config would train on different tokens. Every file a task's setup makes,
+    and every member of archive's tarball, carries G.SETUP_MTIME instead."""
+    for task in one_per_kind("train", seed=3) + G.generate_easy_tasks(len(G.EASY_KINDS), seed=3):
+        with docker_env.reset(task) as term:
+            times = term.run("find /app -printf '%T@ %p\\n'").output.split("\n")[:-1]
+            if G.task_kind(task.name) == "archive":
+                times += term.run("mkdir /tmp/x && tar -xzf /app/bundle.tar.gz -C /tmp/x && "
+                                  "find /tmp/x -mindepth 1 -printf '%T@ %p\\n'").output.split("\n")[:-1]
+        assert times and all(t.startswith(f"{G.SETUP_MTIME}.0000000000 /") for t in times), \
+            (task.name, times)
+
+
 # A shortcut per kind that acts without reading the deciding value (or on all candidates at once).
 SHORTCUTS = {
     "grep": "cat /app/box/* > /app/found.txt",
