@@ -81,6 +81,7 @@ def generate_easy_tasks(n: int, seed: int = 0, split: str = "train", kinds=None)
 # tokens SFT imitates and a policy reads
 # (tests/test_multistep.py::test_a_tasks_files_carry_one_fixed_time_whenever_an_episode_starts).
 SETUP_MTIME = 1767225600
+_PIN = f"find /app -exec touch -h -d @{SETUP_MTIME} {{}} +"  # a setup's last command
 
 
 def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, kinds) -> list[Task]:
@@ -90,7 +91,7 @@ def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, 
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
     kinds = list(kinds or all_kinds)
     rng = random.Random(f"termrl-{family}:{seed}:{split}")
-    tasks, pin = [], f"find /app -exec touch -h -d @{SETUP_MTIME} {{}} +"
+    tasks = []
     for i in range(n):
         kind = kinds[i % len(kinds)]
         instruction, setup, solution, checks, meta = one(kind, rng, split)
@@ -99,7 +100,7 @@ def _generate(family: str, one, all_kinds: list, n: int, seed: int, split: str, 
         tests = {"test.sh": f"#!/bin/bash\nfail=0\n{test}exit $fail\n".encode()}
         tasks.append(Task(
             name=f"{family}-{split}-{seed}-{i:04d}-{kind}", instruction=instruction, layout="generated",
-            image=BASE_IMAGE, setup="\n".join(c for c in ("mkdir -p /app", setup, pin) if c), tests=tests,
+            image=BASE_IMAGE, setup="\n".join(c for c in ("mkdir -p /app", setup, _PIN) if c), tests=tests,
             test_command="bash /tests/test.sh", solution=solution + "\n", workdir="/app",
             agent_timeout_s=120, test_timeout_s=30, memory_mb=256, cpus=1.0, pids=128,
             metadata={"family": family, "kind": kind, "split": split, "seed": seed, "index": i, **meta}))
